@@ -1,0 +1,232 @@
+"""The one Scheduler interface shared by every baseline and by the Gymnasium env.
+
+At every iteration boundary the engine hands the scheduler a read-only :class:`EngineView` and
+gets back a :class:`BatchPlan`:
+
+* ``prefill``: ``{request_id: n_tokens}``: prompt tokens to process this iteration. A waiting
+  request listed here is admitted (it joins the running set); a running request whose prefill is
+  still incomplete continues it (chunked prefill). Use ``BatchPlan.FULL`` (0) for "the whole
+  remaining prompt".
+* ``preempt``: running requests to evict before the iteration (KV freed, back to the queue).
+* ``decode``: whether running requests that finished prefill decode one token (default ``True``);
+  ``pause`` lists running requests that keep their KV but skip this iteration.
+* ``idle``: run nothing; the clock jumps to the next arrival.
+* ``hold``: the scheduler promises that, with no new arrival, no completion and no memory event,
+  it would return this same decode-only plan again; the engine may then fast-forward many decode
+  iterations in one vectorised step (the result is identical to the step-by-step run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from llmsched_gym.core.engine import Engine, EngineConfig
+    from llmsched_gym.core.latency import LatencyModel
+    from llmsched_gym.core.request import Workload
+
+
+class PlanError(ValueError):
+    """A scheduler returned an invalid or infeasible plan (the message names the request)."""
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    prefill: dict[int, int] = field(default_factory=dict)
+    preempt: list[int] = field(default_factory=list)
+    decode: bool = True
+    pause: frozenset[int] | set[int] = frozenset()
+    idle: bool = False
+    hold: bool = False
+
+    FULL: ClassVar[int] = 0
+
+    @classmethod
+    def admit(cls, ids, hold: bool = False) -> BatchPlan:
+        """Admit ``ids`` with their whole prompt; every running request decodes."""
+        return cls(prefill={int(i): 0 for i in ids}, hold=hold)
+
+    @classmethod
+    def decode_only(cls, hold: bool = True) -> BatchPlan:
+        return cls(hold=hold)
+
+    @classmethod
+    def wait(cls) -> BatchPlan:
+        """Idle until the next arrival (only valid when nothing is running)."""
+        return cls(idle=True)
+
+
+class EngineView:
+    """Read-only window on the engine state, built once per engine and cheap to read.
+
+    Per-request arrays are indexed by request id and cover the whole workload; only ids in
+    ``waiting`` and ``running`` are live. Do not mutate anything reached through the view.
+
+    ========================  =========================================================
+    ``now``                   clock (seconds; rounds in round mode)
+    ``iteration``             number of iterations executed so far
+    ``waiting``               list of waiting ids, in queue order (arrival order; a
+                              preempted request re-enters at the head, as in vLLM)
+    ``running``               list of running ids, in admission order (newest last)
+    ``workload``              the :class:`Workload` (true lengths: oracle policies only)
+    ``prompt_tokens``         prompt length per request
+    ``predicted_output``      the output length a non-oracle policy may use
+    ``arrival_s``             arrival time per request
+    ``prefilled``             prompt (or recompute) tokens whose KV is computed
+    ``prefill_target``        tokens to prefill at (re)admission (prompt, or prompt +
+                              generated after a recompute preemption)
+    ``generated``             output tokens produced so far
+    ``kv_tokens``             KV tokens held per request (prefilled + decoded since)
+    ``kv_used`` / ``kv_free`` KV in tokens (paged mode: blocks x block size)
+    ``kv_capacity``           capacity in tokens
+    ``block_size``            1 in token mode
+    ``prefix_match(i)``       cached prompt tokens request ``i`` would reuse now
+    ``next_arrival_s``        time of the next not-yet-arrived request (``inf`` if none)
+    ``latency``               the batch-time model (for policies that estimate time)
+    ``config``                the :class:`EngineConfig`
+    ========================  =========================================================
+    """
+
+    __slots__ = ("_e",)
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    # clock and sets
+    @property
+    def now(self) -> float:
+        return self._e.clock
+
+    @property
+    def iteration(self) -> int:
+        return self._e.n_iterations
+
+    @property
+    def waiting(self) -> list[int]:
+        return self._e.waiting
+
+    @property
+    def running(self) -> list[int]:
+        return self._e.running
+
+    # workload
+    @property
+    def workload(self) -> Workload:
+        return self._e.workload
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        return self._e.workload.prompt_tokens
+
+    @property
+    def predicted_output(self) -> np.ndarray:
+        return self._e.workload.predicted_output
+
+    @property
+    def arrival_s(self) -> np.ndarray:
+        return self._e.workload.arrival_s
+
+    # progress
+    @property
+    def prefilled(self) -> np.ndarray:
+        return self._e.prefilled
+
+    @property
+    def prefill_target(self) -> np.ndarray:
+        return self._e.prefill_target
+
+    @property
+    def generated(self) -> np.ndarray:
+        return self._e.generated
+
+    @property
+    def kv_tokens(self) -> np.ndarray:
+        return self._e.kv_tokens
+
+    # memory
+    @property
+    def kv_capacity(self) -> int:
+        return self._e.kv.capacity_tokens
+
+    @property
+    def kv_used(self) -> int:
+        return self._e.kv.used_tokens
+
+    @property
+    def kv_free(self) -> int:
+        return self._e.kv.capacity_tokens - self._e.kv.used_tokens
+
+    @property
+    def block_size(self) -> int:
+        return self._e.kv.block_size
+
+    def blocks_for(self, n_tokens: int) -> int:
+        """Blocks needed to hold ``n_tokens`` tokens (== tokens in token mode)."""
+        bs = self._e.kv.block_size
+        return -(-int(n_tokens) // bs)
+
+    def prefix_match(self, req_id: int) -> int:
+        return self._e.kv.match_tokens(self._e, req_id)
+
+    @property
+    def next_arrival_s(self) -> float:
+        return self._e.next_arrival_s
+
+    @property
+    def latency(self) -> LatencyModel:
+        return self._e.latency
+
+    @property
+    def config(self) -> EngineConfig:
+        return self._e.config
+
+    @property
+    def prefill_emits_token(self) -> bool:
+        return self._e.config.prefill_emits_token
+
+
+class Scheduler:
+    """Base class of every policy (baselines and the env's agent adapter).
+
+    Subclasses set ``name`` and implement :meth:`schedule`; the hooks are optional. Parameters
+    come from the constructor's keyword arguments (``--set policy.NAME=value`` on the CLI);
+    ``params`` lists the accepted ones with their defaults, so unknown names are rejected.
+    """
+
+    name: ClassVar[str] = "base"
+    params: ClassVar[dict[str, Any]] = {}
+
+    def reset(self, config: EngineConfig, rng: np.random.Generator) -> None:
+        """Called once before a run; ``rng`` is the policy's own seeded stream."""
+        self.rng = rng
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        raise NotImplementedError
+
+    def on_arrival(self, req_id: int, view: EngineView) -> bool:
+        """Return False to reject the request (it is reported, never lost)."""
+        return True
+
+    def on_tokens(self, req_ids: np.ndarray, n: int, view: EngineView) -> None:
+        """``req_ids`` each produced ``n`` output tokens (``n > 1`` after a fast-forward)."""
+
+    def on_prefill(self, req_id: int, n_tokens: int, view: EngineView) -> None:
+        """``n_tokens`` prompt tokens of ``req_id`` were processed."""
+
+    def on_preempt(self, req_id: int, view: EngineView) -> None:
+        """``req_id`` lost its KV and went back to the queue."""
+
+    def on_finish(self, req_id: int, view: EngineView) -> None:
+        """``req_id`` completed."""
+
+    # how rejections are explained in the per-request table
+    def reject_reason(self, req_id: int) -> str:
+        return f"rejected by {self.name}"
+
+    # hook flags, so the engine skips calling empty hooks in the hot loop
+    @classmethod
+    def wants(cls, hook: str) -> bool:
+        return getattr(cls, hook) is not getattr(Scheduler, hook)
