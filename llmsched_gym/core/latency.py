@@ -12,24 +12,55 @@ iteration number, so fast-forward and step-by-step runs draw the same noise):
   before this iteration).
 
 ``decode_times`` is the vectorised decode-only case used by fast-forward; it must equal
-``batch_time(0, 0, 0, n_decode, c)`` element by element, bit for bit.
+``batch_time(0, 0, 0, n_decode, c)`` element by element, bit for bit. Every model therefore
+writes its decode-only arithmetic twice, once on Python floats and once on NumPy arrays, with
+the same operations in the same order (IEEE add/multiply/divide are correctly rounded in both,
+and NumPy does not fuse them). Integer token counts are exact in float64 below 2**53.
+
+Models (``make_latency`` spec in brackets; each instance's ``name`` is a spec that rebuilds it):
+
+=====================  ================================================================
+``unit``               every iteration takes 1 (the theory papers' rounds)
+``linear``             ``d0 + d1 * KV tokens in the batch`` (seed 003, Eq. 1)
+``piecewise``          ``c + a * max(0, tokens - b0)`` (Li et al. 2025, cited by seed 003)
+``affine``             separate prefill and decode fits (seed 002's A10G profile)
+``roofline:M/G``       max(compute, memory) + overhead from model and GPU specs
+``table:PATH``         interpolation in a measured profile (the GPU backend's CSV)
+=====================  ================================================================
 """
 
 from __future__ import annotations
 
+import csv
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
 import numpy as np
+
+from llmsched_gym.core.models import GPUSpec, ModelSpec, get_gpu, get_model
 
 
 class LatencyModel:
+    """Base class: ``batch_time`` for one iteration, ``decode_times`` for many decode-only ones."""
+
     name = "base"
 
     def batch_time(
         self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
     ) -> float:
+        """Seconds (or rounds) one iteration of this shape takes."""
         raise NotImplementedError
 
     def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
+        """``batch_time(0, 0, 0, n_decode, c)`` for every ``c`` in ``decode_ctx_tokens``, bit for bit."""
         raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
 
 
 class UnitLatency(LatencyModel):
@@ -37,16 +68,581 @@ class UnitLatency(LatencyModel):
 
     name = "unit"
 
-    def batch_time(self, prefill_tokens, prefill_ctx_tokens, n_prefill, n_decode, decode_ctx_tokens) -> float:
+    def batch_time(
+        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
+    ) -> float:
         return 1.0
 
     def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
         return np.ones(len(decode_ctx_tokens))
 
 
-def make_latency(spec: str | dict | LatencyModel) -> LatencyModel:
+class LinearKVLatency(LatencyModel):
+    """Seed 003's Eq. 1: ``tau = d0 + d1 * (KV tokens of the requests in the batch)``.
+
+    A prefill request counts its context after the chunk, a decode request its KV including the
+    token it is about to produce, so the KV in the batch is
+    ``prefill_ctx_tokens + decode_ctx_tokens + n_decode``. Resident but paused requests do not
+    count.
+
+    The paper publishes no coefficients. The defaults are the digest's estimate for Llama-2-7B
+    fp16 on one A100 (seed 003 digest §1.2): ``d1`` = 0.5 MiB of KV per token at about 2 TB/s,
+    ``d0`` = streaming 13.5 GB of weights (7-12 ms). Calibrate with :func:`fit_linear`.
+
+    :param d0: fixed cost per iteration, seconds.
+    :param d1: cost per KV token in the batch, seconds.
+    """
+
+    def __init__(self, d0: float = 0.01, d1: float = 2.6e-7) -> None:
+        self.d0 = float(d0)
+        self.d1 = float(d1)
+        self.name = f"linear:d0={self.d0!r},d1={self.d1!r}"
+
+    def batch_time(
+        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
+    ) -> float:
+        return self.d0 + self.d1 * (prefill_ctx_tokens + decode_ctx_tokens + n_decode)
+
+    def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(decode_ctx_tokens, dtype=np.float64)
+        return self.d0 + self.d1 * (ctx + n_decode)
+
+
+class PiecewiseLatency(LatencyModel):
+    """Li et al. (2025), as cited in seed 003 §1.2: ``tau = c + a * max(0, b' - b0)``.
+
+    Flat below ``b0`` (the weights' memory read dominates), linear above it (compute-bound).
+    The paper does not define the load ``b'``; we read it as the tokens computed in the
+    iteration, ``prefill_tokens + n_decode``, which is the batch size for a decode-only batch.
+
+    The defaults are ours, read off the ``roofline:llama-2-7b/a100`` preset: its decode floor
+    (~9.8 ms), its compute cost per token (2 x 6.7e9 FLOP at 156 TFLOP/s = 86 us) and the knee
+    where compute overtakes the weight read (~96 tokens).
+
+    :param c: iteration time below the knee, seconds.
+    :param a: extra seconds per token above the knee.
+    :param b0: the knee, in tokens per iteration.
+    """
+
+    def __init__(self, c: float = 0.0098, a: float = 8.6e-5, b0: float = 96.0) -> None:
+        self.c = float(c)
+        self.a = float(a)
+        self.b0 = float(b0)
+        self.name = f"piecewise:c={self.c!r},a={self.a!r},b0={self.b0!r}"
+
+    def batch_time(
+        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
+    ) -> float:
+        excess = prefill_tokens + n_decode - self.b0
+        return self.c + self.a * excess if excess > 0.0 else self.c
+
+    def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
+        # Independent of the context, so the scalar path gives the (only) value.
+        return np.full(len(decode_ctx_tokens), self.batch_time(0, 0, 0, n_decode, 0))
+
+
+class AffineLatency(LatencyModel):
+    """Separate affine prefill and decode costs; a mixed batch pays both.
+
+    * prefill (when ``prefill_tokens > 0``): ``prefill_base_s + prefill_per_seq_s * n_prefill
+      + prefill_per_token_s * prefill_tokens + prefill_per_ctx_s * prefill_ctx_tokens``;
+    * decode (when ``n_decode > 0``): ``decode_base_s + decode_per_seq_s * n_decode
+      + decode_per_kv_s * (decode_ctx_tokens + n_decode)`` (KV in use after the step).
+
+    A mixed batch costs the sum of the two parts, as in engines that run the prefill and the
+    decode forward passes one after the other (S-LoRA/LightLLM, where seed 002 measured).
+
+    Defaults: seed 002's A10G / Llama-2-7B profile (digest §4.6, fitted from the artifact's
+    ``cost_profile.json``): prefill ms = 35.7 + 0.21 x batch + 0.2086 x input tokens; decode
+    ms = 16.3 + 0.245 x batch + 0.00202 x KV tokens (residuals within 4 ms).
+    ``prefill_per_ctx_s`` (attention over a cached prefix) is 0 there; it is ours to set.
+    All coefficients are in seconds. Calibrate with :func:`fit_affine`.
+    """
+
+    COEFFS = (
+        "prefill_base_s",
+        "prefill_per_seq_s",
+        "prefill_per_token_s",
+        "prefill_per_ctx_s",
+        "decode_base_s",
+        "decode_per_seq_s",
+        "decode_per_kv_s",
+    )
+
+    def __init__(
+        self,
+        prefill_base_s: float = 35.7e-3,
+        prefill_per_seq_s: float = 0.21e-3,
+        prefill_per_token_s: float = 0.2086e-3,
+        prefill_per_ctx_s: float = 0.0,
+        decode_base_s: float = 16.3e-3,
+        decode_per_seq_s: float = 0.245e-3,
+        decode_per_kv_s: float = 0.00202e-3,
+    ) -> None:
+        self.prefill_base_s = float(prefill_base_s)
+        self.prefill_per_seq_s = float(prefill_per_seq_s)
+        self.prefill_per_token_s = float(prefill_per_token_s)
+        self.prefill_per_ctx_s = float(prefill_per_ctx_s)
+        self.decode_base_s = float(decode_base_s)
+        self.decode_per_seq_s = float(decode_per_seq_s)
+        self.decode_per_kv_s = float(decode_per_kv_s)
+        self.name = "affine:" + ",".join(f"{k}={getattr(self, k)!r}" for k in self.COEFFS)
+
+    def batch_time(
+        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
+    ) -> float:
+        if n_decode > 0:
+            t = (
+                self.decode_base_s
+                + self.decode_per_seq_s * n_decode
+                + self.decode_per_kv_s * (decode_ctx_tokens + n_decode)
+            )
+        else:
+            t = 0.0
+        if prefill_tokens > 0:
+            t += (
+                self.prefill_base_s
+                + self.prefill_per_seq_s * n_prefill
+                + self.prefill_per_token_s * prefill_tokens
+                + self.prefill_per_ctx_s * prefill_ctx_tokens
+            )
+        return t
+
+    def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(decode_ctx_tokens, dtype=np.float64)
+        if n_decode <= 0:
+            return np.zeros(len(ctx))
+        return self.decode_base_s + self.decode_per_seq_s * n_decode + self.decode_per_kv_s * (ctx + n_decode)
+
+
+class RooflineLatency(LatencyModel):
+    """Roofline estimate from a model and a GPU: ``max(compute, memory) + overhead_s``.
+
+    * compute = FLOPs / (peak x ``mfu``), with FLOPs = ``2 * params`` per token computed
+      (``prefill_tokens + n_decode``) plus ``4 * layers * heads * head_dim`` per
+      (query, key) pair of attention. A decode token attends to its context and itself; a
+      prefill chunk of ``q`` tokens ending at context ``C`` attends causally to
+      ``q*C - q*q/2 + q/2`` pairs, evaluated at the mean chunk and context of the batch
+      (only the sums reach the model).
+    * memory = bytes / (HBM bandwidth x ``mbu``), with bytes = the weights (once per
+      iteration) + the KV read (``prefill_ctx_tokens + decode_ctx_tokens`` tokens) + the KV
+      written (one token per computed token), at ``kv_bytes_per_token`` each.
+
+    Tensor parallelism (``GPUSpec.count`` > 1) multiplies peak and bandwidth; its all-reduce
+    cost is left in ``overhead_s``. Activation traffic is ignored.
+
+    The efficiency factors are ours, typical of vLLM-class engines: ``mfu`` 0.5 (large
+    prefills reach 50-60 % of peak), ``mbu`` 0.8 (decode kernels stream weights at 75-85 % of
+    HBM bandwidth), ``overhead_s`` 1.5 ms (scheduling, sampling, kernel launches per step).
+    With them a Llama-2-7B / A100 decode step of batch 1 at short context takes ~9.8 ms.
+
+    :param model: a :class:`ModelSpec` or a model name (``llama-2-7b``).
+    :param gpu: a :class:`GPUSpec` or a GPU name (``a100``).
+    """
+
+    DEFAULTS = (0.5, 0.8, 1.5e-3)
+    """``mfu``, ``mbu``, ``overhead_s`` (ours, see above)."""
+
+    def __init__(
+        self,
+        model: str | ModelSpec,
+        gpu: str | GPUSpec,
+        mfu: float = DEFAULTS[0],
+        mbu: float = DEFAULTS[1],
+        overhead_s: float = DEFAULTS[2],
+    ) -> None:
+        self.model = get_model(model)
+        self.gpu = get_gpu(gpu)
+        self.mfu, self.mbu, self.overhead_s = float(mfu), float(mbu), float(overhead_s)
+        if not (0.0 < self.mfu <= 1.0 and 0.0 < self.mbu <= 1.0 and self.overhead_s >= 0.0):
+            raise ValueError(f"latency: roofline needs 0 < mfu, mbu <= 1 and overhead_s >= 0, got {self._args()}")
+        flops_s = self.gpu.peak_flops * self.mfu
+        bytes_s = self.gpu.hbm_bytes_s * self.mbu
+        m = self.model
+        self._s_per_token = 2.0 * m.params / flops_s
+        self._s_per_pair = 4.0 * m.layers * m.heads * m.head_dim / flops_s
+        self._s_weights = m.weight_bytes / bytes_s
+        self._s_per_kv = m.kv_bytes_per_token / bytes_s
+        pair = (m.name, self.gpu.name)
+        self.name = next(
+            (k for k, v in ROOFLINE_PRESETS.items() if v == pair), f"roofline:{m.name.lower()}/{self.gpu.name.lower()}"
+        )
+        if (self.mfu, self.mbu, self.overhead_s) != self.DEFAULTS:
+            self.name += "," + self._args()
+
+    def _args(self) -> str:
+        return f"mfu={self.mfu!r},mbu={self.mbu!r},overhead_s={self.overhead_s!r}"
+
+    def batch_time(
+        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
+    ) -> float:
+        tokens = prefill_tokens + n_decode
+        pairs: float = decode_ctx_tokens + n_decode
+        if n_prefill > 0:
+            pairs += (
+                prefill_tokens * prefill_ctx_tokens - 0.5 * prefill_tokens * prefill_tokens
+            ) / n_prefill + 0.5 * prefill_tokens
+        compute = self._s_per_token * tokens + self._s_per_pair * pairs
+        memory = self._s_weights + self._s_per_kv * (prefill_ctx_tokens + decode_ctx_tokens + tokens)
+        return (compute if compute > memory else memory) + self.overhead_s
+
+    def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(decode_ctx_tokens, dtype=np.float64)
+        compute = self._s_per_token * n_decode + self._s_per_pair * (ctx + n_decode)
+        memory = self._s_weights + self._s_per_kv * (ctx + n_decode)
+        return np.where(compute > memory, compute, memory) + self.overhead_s
+
+
+ROOFLINE_PRESETS: dict[str, tuple[str, str]] = {
+    "roofline:llama-2-7b/a100": ("Llama-2-7B", "A100-80GB"),
+    "roofline:llama-2-13b/a100": ("Llama-2-13B", "A100-80GB"),
+    "roofline:llama-2-70b/2xa100": ("Llama-2-70B", "A100x2"),
+    "roofline:llama-2-7b/a10g": ("Llama-2-7B", "A10G"),
+    "roofline:llama-3-8b/a100": ("Llama-3-8B", "A100-80GB"),
+    "roofline:llama-3-8b/h100": ("Llama-3-8B", "H100-SXM"),
+    "roofline:llama-3-8b/h200": ("Llama-3-8B", "H200"),
+    "roofline:llama-3.1-8b/h100": ("Llama-3.1-8B", "H100-SXM"),
+    "roofline:llama-3.2-1b/h100": ("Llama-3.2-1B", "H100-SXM"),
+}
+"""Named roofline pairs for ``llmsched list``; any ``roofline:MODEL/GPU`` of known names works."""
+
+
+# --------------------------------------------------------------------------------------------
+# Measured profiles
+
+
+PROFILE_COLUMNS = ("prefill_tokens", "prefill_ctx_tokens", "n_prefill", "n_decode", "decode_ctx_tokens", "time_s")
+"""The profile CSV header the GPU backend writes: the ``batch_time`` inputs, then seconds."""
+
+ProfileRow = tuple[int, int, int, int, int, float]
+
+
+class _Curve:
+    """Piecewise-linear ``y(x)`` through sorted points, linear extrapolation past both ends.
+
+    Segment ``k`` is anchored at point ``k`` (the last point extends the last slope), so the
+    value at a measured ``x`` is exactly the measured ``y``. ``at`` and ``at_array`` perform
+    the same operations, so they agree bit for bit.
+    """
+
+    def __init__(self, points: Mapping[float, list[float]]) -> None:
+        self.xs = sorted(points)
+        self.ys = [math.fsum(points[x]) / len(points[x]) for x in self.xs]
+        self.slopes = [(y1 - y0) / (x1 - x0) for (x0, x1), (y0, y1) in zip(pairwise(self.xs), pairwise(self.ys), strict=True)]
+        self.slopes.append(self.slopes[-1] if self.slopes else 0.0)
+        self._xs_a, self._ys_a, self._slopes_a = (np.array(v, dtype=np.float64) for v in (self.xs, self.ys, self.slopes))
+
+    def at(self, x: float) -> float:
+        k = bisect_right(self.xs, x) - 1
+        if k < 0:
+            k = 0
+        return self.ys[k] + self.slopes[k] * (x - self.xs[k])
+
+    def at_array(self, x: np.ndarray) -> np.ndarray:
+        k = np.maximum(np.searchsorted(self._xs_a, x, side="right") - 1, 0)
+        return self._ys_a[k] + self._slopes_a[k] * (x - self._xs_a[k])
+
+
+class TableLatency(LatencyModel):
+    """Interpolation in a measured profile (the rows the GPU backend times).
+
+    * **Prefill** rows (``n_decode == 0``, ``prefill_tokens > 0``) give a curve of time vs
+      ``prefill_tokens``: duplicates averaged, piecewise-linear between points, linear
+      extrapolation past the ends. Context, ``n_prefill`` and cached prefix are not inputs.
+    * **Decode** rows (``prefill_tokens == 0``, ``n_decode > 0``) give a grid keyed by
+      ``(n_decode, ctx_per_seq = decode_ctx_tokens / n_decode)``. Each measured ``n_decode``
+      is a grid line with its own curve over ``ctx_per_seq``; a query interpolates on the two
+      nearest lines and then linearly between them in ``n_decode``. On a complete grid this is
+      bilinear interpolation; on scattered points each line uses the points it has. Past the
+      edges both steps extrapolate linearly; the result is clamped at >= 0.
+    * A **mixed** batch costs ``t_decode + t_prefill - t_base``, ``t_base`` being the smallest
+      measured time in the table (the fixed cost both parts include), and at least the larger
+      part.
+
+    Rows of other shapes (measured mixed batches) are kept for :meth:`to_csv` but unused. At
+    a measured point the prediction equals the (averaged) measurement exactly.
+    """
+
+    def __init__(self, rows: Sequence[ProfileRow], source: str = "<rows>") -> None:
+        self.rows = list(rows)
+        self.name = f"table:{source}"
+        prefill: dict[float, list[float]] = {}
+        decode: dict[int, dict[float, list[float]]] = {}
+        for p, _pc, _np, nd, dc, t in self.rows:
+            if nd == 0 and p > 0:
+                prefill.setdefault(float(p), []).append(t)
+            elif p == 0 and nd > 0:
+                decode.setdefault(nd, {}).setdefault(dc / nd, []).append(t)
+        if not prefill or not decode:
+            raise ValueError(
+                f"latency: profile {source} needs prefill-only rows (n_decode=0) and decode-only rows "
+                f"(prefill_tokens=0); it has {sum(map(len, prefill.values()))} and "
+                f"{sum(len(v) for line in decode.values() for v in line.values())}"
+            )
+        self.t_base = min(r[5] for r in self.rows)
+        self._prefill = _Curve(prefill)
+        self._n_lines = [float(n) for n in sorted(decode)]
+        self._lines = [_Curve(decode[n]) for n in sorted(decode)]
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[float] | Mapping[str, float]], source: str = "<rows>") -> TableLatency:
+        """Build from rows: 6-sequences in :data:`PROFILE_COLUMNS` order, or mappings with those keys."""
+        parsed = []
+        for i, row in enumerate(rows):
+            if isinstance(row, Mapping):
+                missing = [c for c in PROFILE_COLUMNS if c not in row]
+                if missing:
+                    raise ValueError(f"{source}: row {i}: missing column {missing[0]!r}")
+                row = [row[c] for c in PROFILE_COLUMNS]
+            parsed.append(_parse_row(list(row), f"{source}: row {i}"))
+        return cls(parsed, source)
+
+    @classmethod
+    def from_csv(cls, path: str | Path) -> TableLatency:
+        """Read a profile CSV with header :data:`PROFILE_COLUMNS` (extra columns are ignored)."""
+        path = Path(path)
+        with path.open(newline="") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
+            missing = [c for c in PROFILE_COLUMNS if c not in header]
+            if missing:
+                raise ValueError(f"{path}:1: missing column {missing[0]!r}; header must be {','.join(PROFILE_COLUMNS)}")
+            idx = [header.index(c) for c in PROFILE_COLUMNS]
+            rows = []
+            for line_no, fields in enumerate(reader, start=2):
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise ValueError(f"{path}:{line_no}: expected {len(header)} fields, got {len(fields)}")
+                rows.append(_parse_row([fields[i] for i in idx], f"{path}:{line_no}"))
+        return cls(rows, str(path))
+
+    def to_csv(self, path: str | Path) -> None:
+        """Write the rows back in the profile format (floats written with full precision)."""
+        with Path(path).open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(PROFILE_COLUMNS)
+            for *ints, t in self.rows:
+                writer.writerow([*ints, repr(t)])
+
+    def _line_weights(self, n_decode: int) -> tuple[int, int, float]:
+        """The grid line to anchor on, the other line, and the weight of the other."""
+        ns = self._n_lines
+        k = bisect_right(ns, n_decode) - 1
+        if k < 0:
+            k = 0
+        if len(ns) == 1:
+            return k, k, 0.0
+        o = k + 1 if k + 1 < len(ns) else k - 1
+        return k, o, (n_decode - ns[k]) / (ns[o] - ns[k])
+
+    def _decode(self, n_decode: int, decode_ctx_tokens: int) -> float:
+        k, o, w = self._line_weights(n_decode)
+        c = decode_ctx_tokens / n_decode
+        ta = self._lines[k].at(c)
+        t = ta + (self._lines[o].at(c) - ta) * w
+        return t if t > 0.0 else 0.0
+
+    def batch_time(
+        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
+    ) -> float:
+        if prefill_tokens <= 0:
+            return self._decode(n_decode, decode_ctx_tokens) if n_decode > 0 else 0.0
+        t_pre = self._prefill.at(prefill_tokens)
+        if t_pre < 0.0:
+            t_pre = 0.0
+        if n_decode <= 0:
+            return t_pre
+        t_dec = self._decode(n_decode, decode_ctx_tokens)
+        t = t_dec + t_pre - self.t_base
+        floor = t_dec if t_dec > t_pre else t_pre
+        return t if t > floor else floor
+
+    def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(decode_ctx_tokens, dtype=np.float64)
+        if n_decode <= 0:
+            return np.zeros(len(ctx))
+        k, o, w = self._line_weights(n_decode)
+        c = ctx / n_decode
+        ta = self._lines[k].at_array(c)
+        t = ta + (self._lines[o].at_array(c) - ta) * w
+        return np.where(t > 0.0, t, 0.0)
+
+
+def _parse_row(fields: list[Any], where: str) -> ProfileRow:
+    """Validate one profile row; errors name ``where`` (file:line or row) and the column."""
+    if len(fields) != len(PROFILE_COLUMNS):
+        raise ValueError(f"{where}: expected {len(PROFILE_COLUMNS)} fields, got {len(fields)}")
+    ints = []
+    for col, v in zip(PROFILE_COLUMNS[:5], fields[:5], strict=True):
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = math.nan
+        if not (math.isfinite(x) and x >= 0 and x == int(x)):
+            raise ValueError(f"{where}: column {col!r}: expected a non-negative integer, got {v!r}")
+        ints.append(int(x))
+    try:
+        t = float(fields[5])
+    except (TypeError, ValueError):
+        t = math.nan
+    if not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"{where}: column 'time_s': expected a non-negative number of seconds, got {fields[5]!r}")
+    p, pc, n_pre, nd, dc = ints
+    if p == 0 and nd == 0:
+        raise ValueError(f"{where}: column 'n_decode': an empty batch (prefill_tokens=0 and n_decode=0)")
+    return p, pc, n_pre, nd, dc, t
+
+
+# --------------------------------------------------------------------------------------------
+# Fitting
+
+
+def _shapes(rows: Iterable[Sequence[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    a = np.array([list(r) for r in rows], dtype=np.float64).reshape(-1, len(PROFILE_COLUMNS))
+    p, nd = a[:, 0], a[:, 3]
+    return a, a[(nd == 0) & (p > 0)], a[(p == 0) & (nd > 0)]
+
+
+def _lstsq(columns: list[np.ndarray], y: np.ndarray) -> list[float]:
+    """Least squares on the columns that add rank, in order; dropped columns get 0.
+
+    A profile often leaves columns collinear (one request per prefill, no cached prefix);
+    dropping them keeps the coefficients interpretable instead of splitting them.
+    """
+    kept: list[int] = []
+    for j in range(len(columns)):
+        trial = np.column_stack([columns[i] for i in [*kept, j]])
+        if np.linalg.matrix_rank(trial) == len(kept) + 1:
+            kept.append(j)
+    sol = np.linalg.lstsq(np.column_stack([columns[i] for i in kept]), y, rcond=None)[0]
+    coef = [0.0] * len(columns)
+    for i, c in zip(kept, sol, strict=True):
+        coef[i] = float(c)
+    return coef
+
+
+def fit_affine(rows: Iterable[Sequence[float]]) -> AffineLatency:
+    """Least-squares :class:`AffineLatency` from profile rows (:data:`PROFILE_COLUMNS` order).
+
+    Prefill-only rows fit the prefill part, decode-only rows the decode part; mixed rows are
+    ignored. Coefficients a profile cannot identify (a constant or collinear column) are 0.
+    """
+    _, pre, dec = _shapes(rows)
+    if len(pre) == 0 or len(dec) == 0:
+        raise ValueError("latency: fit_affine needs prefill-only and decode-only rows")
+    one_p, one_d = np.ones(len(pre)), np.ones(len(dec))
+    p0, p_tok, p_seq, p_ctx = _lstsq([one_p, pre[:, 0], pre[:, 2], pre[:, 1]], pre[:, 5])
+    d0, d_seq, d_kv = _lstsq([one_d, dec[:, 3], dec[:, 4] + dec[:, 3]], dec[:, 5])
+    return AffineLatency(p0, p_seq, p_tok, p_ctx, d0, d_seq, d_kv)
+
+
+def fit_linear(rows: Iterable[Sequence[float]]) -> LinearKVLatency:
+    """Least-squares :class:`LinearKVLatency` (seed 003's ``d0``, ``d1``) from all profile rows."""
+    a, _, _ = _shapes(rows)
+    if len(a) < 2:
+        raise ValueError("latency: fit_linear needs at least 2 rows")
+    d0, d1 = _lstsq([np.ones(len(a)), a[:, 1] + a[:, 4] + a[:, 3]], a[:, 5])
+    return LinearKVLatency(d0, d1)
+
+
+# --------------------------------------------------------------------------------------------
+# Construction from a spec
+
+
+def _kv_args(text: str, allowed: Sequence[str], kind: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in allowed:
+            raise ValueError(f"latency: {kind} takes {', '.join(f'{a}=...' for a in allowed)}; got {item!r}")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise ValueError(f"latency: {kind} {key}: expected a number, got {value.strip()!r}") from None
+    return out
+
+
+_ALLOWED = (
+    "unit, linear[:d0=..,d1=..], piecewise[:c=..,a=..,b0=..], affine[:COEFF=..,...], "
+    "roofline:MODEL/GPU[,mfu=..,mbu=..,overhead_s=..], table:PATH, or a dict with 'type'"
+)
+
+
+def _from_dict(spec: Mapping[str, Any]) -> LatencyModel:
+    args = dict(spec)
+    kind = str(args.pop("type", ""))
+    try:
+        if kind == "unit" and not args:
+            return UnitLatency()
+        if kind == "linear":
+            return LinearKVLatency(**args)
+        if kind == "piecewise":
+            return PiecewiseLatency(**args)
+        if kind == "affine":
+            return AffineLatency(**args)
+        if kind == "roofline":
+            return RooflineLatency(**args)
+        if kind == "table" and set(args) == {"path"}:
+            return TableLatency.from_csv(args["path"])
+    except TypeError as e:
+        raise ValueError(f"latency: bad arguments for {kind!r}: {e}") from None
+    raise ValueError(f"latency: unknown model {dict(spec)!r}; allowed: {_ALLOWED}")
+
+
+def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
+    """Build a latency model from a spec string, a dict, or pass an instance through.
+
+    Strings (case-insensitive except the path)::
+
+        unit
+        linear                                  linear:d0=0.01,d1=2.6e-7
+        piecewise                               piecewise:c=0.01,a=8.6e-5,b0=96
+        affine                                  affine:decode_base_s=0.02,decode_per_kv_s=1e-6
+        roofline:llama-2-7b/a100                roofline:llama-3-8b/h100,mfu=0.6,overhead_s=0.002
+        llama-2-7b/a100                         (same as roofline:llama-2-7b/a100)
+        table:runs/profile/a100.csv
+
+    Omitted keys keep the class defaults. Dicts use ``{"type": "linear", "d0": 0.01}``,
+    ``{"type": "roofline", "model": "llama-3-8b", "gpu": "h100", "mfu": 0.6}``,
+    ``{"type": "table", "path": ...}``. Every model's ``name`` is a spec that rebuilds it.
+    """
     if isinstance(spec, LatencyModel):
         return spec
-    if spec == "unit":
+    if isinstance(spec, Mapping):
+        return _from_dict(spec)
+    if not isinstance(spec, str):
+        raise ValueError(f"latency: expected a spec string, dict or LatencyModel, got {type(spec).__name__}")
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.lower()
+    if kind == "table" and rest:
+        return TableLatency.from_csv(rest)
+    if kind == "unit" and not rest:
         return UnitLatency()
-    raise ValueError(f"latency: unknown model {spec!r}; allowed: unit")
+    if kind == "linear":
+        return LinearKVLatency(**_kv_args(rest, ("d0", "d1"), kind))
+    if kind == "piecewise":
+        return PiecewiseLatency(**_kv_args(rest, ("c", "a", "b0"), kind))
+    if kind == "affine":
+        return AffineLatency(**_kv_args(rest, AffineLatency.COEFFS, kind))
+    if kind == "roofline" or ("/" in kind and not rest):
+        pair, _, opts = (rest if kind == "roofline" else kind).partition(",")
+        model, slash, gpu = pair.strip().partition("/")
+        if slash and model and gpu:
+            return RooflineLatency(model, gpu, **_kv_args(opts, ("mfu", "mbu", "overhead_s"), "roofline"))
+    raise ValueError(f"latency: unknown model {spec!r}; allowed: {_ALLOWED}")
+
+
+def list_latency_presets() -> dict[str, str]:
+    """Named latency specs with a one-line description each (for ``llmsched list``)."""
+    presets = {
+        "unit": "every iteration takes 1 round (theory papers)",
+        "linear": "d0 + d1 x KV tokens in the batch, d0=10 ms, d1=2.6e-7 s (seed 003 Eq. 1; our estimate)",
+        "piecewise": "flat 9.8 ms up to 96 tokens, then 86 us/token (Li et al. 2025 form; ours)",
+        "affine": "separate prefill and decode fits, A10G / Llama-2-7B (seed 002 profile)",
+    }
+    for name, (model, gpu) in ROOFLINE_PRESETS.items():
+        presets[name] = f"roofline, {model} on {gpu} (mfu 0.5, mbu 0.8, 1.5 ms overhead; ours)"
+    presets["table:PATH"] = "interpolate a measured profile CSV (" + ",".join(PROFILE_COLUMNS) + ")"
+    return presets
