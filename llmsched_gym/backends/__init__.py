@@ -1,0 +1,1 @@
+"""Optional execution backends (real hardware instead of a batch-time model)."""

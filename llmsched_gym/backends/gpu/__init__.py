@@ -1,0 +1,14 @@
+"""Optional real-GPU backend: a random-weight Llama executor with a paged KV cache.
+
+Importing this package is cheap: torch is imported only when an executor is built. Entry points:
+
+* :class:`~llmsched_gym.backends.gpu.backend.GPULatency` -- online latency model for the engine;
+* :func:`~llmsched_gym.backends.gpu.backend.replay` -- re-execute an iteration log;
+* :func:`~llmsched_gym.backends.gpu.backend.calibrate` -- profile grids into ``profile.csv``.
+
+See README.md in this folder.
+"""
+
+from llmsched_gym.backends.gpu.config import PRESETS, LlamaConfig, get_config
+
+__all__ = ["PRESETS", "LlamaConfig", "get_config"]
