@@ -134,7 +134,7 @@ class Workload:
             if f.name in ("client_weight", "meta"):
                 kw[f.name] = v
             elif f.name == "prefix":
-                kw[f.name] = None if v is None else list(np.asarray(v, dtype=object)[idx])
+                kw[f.name] = None if v is None else [v[i] for i in np.arange(len(v))[idx]]
             else:
                 kw[f.name] = v[idx]
         return Workload(**kw)

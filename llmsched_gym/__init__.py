@@ -1,0 +1,33 @@
+"""llmsched-gym: a Gymnasium environment and simulator for LLM inference scheduling under
+KV-cache memory limits.
+
+>>> from llmsched_gym import simulate
+>>> result = simulate(scenario="jaillet-low", policy="fcfs", seed=0)
+>>> result.summary["e2e_s"]["mean"]
+
+Heavy dependencies (torch, stable-baselines3, matplotlib) are imported only by the commands that
+need them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def simulate(*args: Any, **kwargs: Any):
+    """Run a policy on a scenario; see :func:`llmsched_gym.sim.simulate`."""
+    from llmsched_gym.sim import simulate as _simulate
+
+    return _simulate(*args, **kwargs)
+
+
+def make_scenario(name: str, seed: int = 0, overrides: dict[str, Any] | None = None):
+    """``(workload, engine_config, latency_model)`` of a named scenario."""
+    from llmsched_gym.core.scenarios import build_scenario, get_scenario
+
+    return build_scenario(get_scenario(name, overrides), seed)
+
+
+__all__ = ["__version__", "make_scenario", "simulate"]

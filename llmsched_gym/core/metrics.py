@@ -1,0 +1,181 @@
+"""Per-request records, the summary JSON (ARCHITECTURE.md 4.4), fairness and SLO metrics.
+
+Conventions:
+
+* ``e2e = completion - arrival``; ``ttft = first token - arrival``; ``tpot = (completion - first
+  token) / (output - 1)`` for requests with more than one output token; ``queue_delay = first
+  scheduled - arrival``. Latency statistics cover completed requests.
+* ``n_arrived == n_completed + n_rejected + n_unfinished`` always holds; unfinished requests are
+  listed with their progress in the per-request table, never dropped.
+* Service (seed 002) of a client = ``w_p x prompt tokens prefilled + w_q x output tokens``, with
+  the paper's ``w_p = 1, w_q = 2``.
+* SLO attainment (seed 001): the fraction of completed requests with SLOs whose TTFT and mean
+  TPOT are within them; ``goodput`` counts those per second.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from llmsched_gym.core.engine import Engine
+
+STATE_NAMES = ("pending", "waiting", "running", "completed", "rejected")
+
+
+def _stats(x: np.ndarray) -> dict[str, float]:
+    x = x[np.isfinite(x)]
+    if not len(x):
+        return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan, "max": math.nan}
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(x.max())}
+
+
+def request_table(engine: Engine) -> dict[str, np.ndarray]:
+    """Per-request records of every request that arrived (columns as arrays)."""
+    wl = engine.workload
+    arrived = engine.state != 0
+    idx = np.nonzero(arrived)[0]
+    out = wl.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (engine.completion_s - engine.first_token_s) / np.maximum(out - 1, 1), np.nan)
+    cols = {
+        "id": idx,
+        "arrival_s": wl.arrival_s[idx],
+        "prompt_tokens": wl.prompt_tokens[idx],
+        "output_tokens": out[idx],
+        "predicted_output": wl.predicted_output[idx],
+        "client": wl.client[idx],
+        "task_class": wl.task_class[idx],
+        "type_id": wl.type_id[idx],
+        "state": engine.state[idx],
+        "first_scheduled_s": engine.first_scheduled_s[idx],
+        "first_token_s": engine.first_token_s[idx],
+        "completion_s": engine.completion_s[idx],
+        "e2e_s": engine.completion_s[idx] - wl.arrival_s[idx],
+        "ttft_s": engine.first_token_s[idx] - wl.arrival_s[idx],
+        "tpot_s": tpot[idx],
+        "queue_delay_s": engine.first_scheduled_s[idx] - wl.arrival_s[idx],
+        "generated": engine.generated[idx],
+        "preemptions": engine.preemptions[idx],
+        "recomputed_tokens": engine.recomputed_tokens[idx],
+        "cached_tokens": engine.cached_tokens[idx],
+    }
+    return cols
+
+
+def client_service(engine: Engine, w_p: float = 1.0, w_q: float = 2.0) -> np.ndarray:
+    """Weighted service received by each client so far (prefill + decode tokens)."""
+    wl = engine.workload
+    n_clients = wl.n_clients
+    arrived = engine.state != 0
+    # prefilled counts only the current (re)start; completed requests served their prompt fully
+    prompt_done = np.where(engine.state == 3, wl.prompt_tokens, np.minimum(engine.prefilled, wl.prompt_tokens))
+    svc = w_p * prompt_done + w_q * engine.generated
+    return np.bincount(wl.client[arrived], weights=svc[arrived], minlength=n_clients)
+
+
+def jain_index(x: np.ndarray) -> float:
+    x = np.asarray(x, dtype=float)
+    if not len(x) or not np.any(x):
+        return 1.0
+    return float(x.sum() ** 2 / (len(x) * (x**2).sum()))
+
+
+def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s: float = 0.0) -> dict[str, Any]:
+    """The run summary (ARCHITECTURE.md 4.4 plus extra keys)."""
+    wl = engine.workload
+    state = engine.state
+    n_arrived = int(np.count_nonzero(state != 0))
+    n_completed = int(np.count_nonzero(state == 3))
+    n_rejected = int(np.count_nonzero(state == 4))
+    n_unfinished = int(np.count_nonzero((state == 1) | (state == 2)))
+    done = state == 3
+    arr = wl.arrival_s
+    e2e = (engine.completion_s - arr)[done]
+    ttft = (engine.first_token_s - arr)[done]
+    out = wl.output_tokens
+    multi = done & (out > 1)
+    tpot = ((engine.completion_s - engine.first_token_s) / np.maximum(out - 1, 1))[multi]
+    qd = (engine.first_scheduled_s - arr)[done]
+    t_end = engine.clock
+    t0 = float(arr[0]) if len(arr) else 0.0
+    span = max(t_end - t0, 1e-12)
+    completed_tokens = int(out[done].sum())
+    cap = engine.kv.capacity_tokens
+    s: dict[str, Any] = {
+        "scenario": scenario,
+        "policy": policy,
+        "seed": engine.seed,
+        "n_arrived": n_arrived,
+        "n_completed": n_completed,
+        "n_rejected": n_rejected,
+        "n_unfinished": n_unfinished,
+        "n_not_arrived": int(np.count_nonzero(state == 0)),
+        "sim_time_s": float(t_end),
+        "wall_time_s": float(wall_time_s),
+        "iterations": int(engine.n_iterations),
+        "throughput_tokens_per_s": float(engine.total_decoded / span),
+        "completed_output_tokens_per_s": float(completed_tokens / span),
+        "requests_per_s": float(n_completed / span),
+        "e2e_s": _stats(e2e),
+        "ttft_s": _stats(ttft),
+        "tpot_s": _stats(tpot),
+        "queue_delay_s": _stats(qd),
+        "total_latency_s": float(e2e.sum()),
+        "kv_capacity_tokens": int(cap),
+        "kv_peak_frac": float(engine.kv_peak_blocks * engine.kv.block_size / cap),
+        "kv_mean_frac": float(engine.kv_time_integral * engine.kv.block_size / cap / span),
+        "busy_frac": float(engine.busy_time / span),
+        "preemptions": int(engine.n_preempt_events),
+        "evictions": int(engine.n_preempt_events),
+        "overflow_events": int(engine.n_overflow_events),
+        "clears": int(engine.n_clears),
+        "recomputed_tokens": int(engine.recomputed_tokens.sum()),
+        "decoded_tokens": int(engine.total_decoded),
+        "prefill_tokens": int(engine.total_prefill_tokens),
+        "non_terminating": bool(engine.non_terminating),
+        "stop_reason": engine.stop_reason,
+    }
+    if wl.has_slo:
+        has = done & (np.isfinite(wl.ttft_slo_s) | np.isfinite(wl.tpot_slo_s))
+        ok_ttft = (engine.first_token_s - arr) <= wl.ttft_slo_s
+        tp = np.where(out > 1, (engine.completion_s - engine.first_token_s) / np.maximum(out - 1, 1), 0.0)
+        ok = ok_ttft & (tp <= wl.tpot_slo_s)
+        with_slo = (np.isfinite(wl.ttft_slo_s) | np.isfinite(wl.tpot_slo_s)) & (state != 0)
+        n_slo = int(np.count_nonzero(with_slo))
+        n_ok = int(np.count_nonzero(has & ok))
+        s["slo_attainment"] = float(n_ok / n_slo) if n_slo else math.nan
+        s["goodput_requests_per_s"] = float(n_ok / span)
+        by_class = {}
+        for cls, name in ((0, "online"), (1, "offline")):
+            m = (wl.task_class == cls) & (state != 0)
+            if m.any():
+                dm = m & done
+                by_class[name] = {
+                    "n": int(m.sum()),
+                    "completed": int(dm.sum()),
+                    "throughput_tokens_per_s": float(out[dm].sum() / span),
+                    "slo_attainment": float(np.count_nonzero(dm & ok & with_slo) / max(1, np.count_nonzero(m & with_slo)))
+                    if np.any(m & with_slo) else None,
+                }
+        s["by_class"] = by_class
+    if wl.n_clients > 1:
+        svc = client_service(engine)
+        active = np.bincount(wl.client[state != 0], minlength=wl.n_clients) > 0
+        sv = svc[active] / wl.client_weight[active]
+        s["fairness"] = {
+            "max_service_diff": float(sv.max() - sv.min()) if len(sv) else 0.0,
+            "avg_service_diff": float(np.mean(np.abs(sv - sv.mean()))) if len(sv) else 0.0,
+            "jain": jain_index(sv),
+            "service_per_client": [float(v) for v in svc],
+        }
+    if wl.has_prefix:
+        prompt_arrived = int(wl.prompt_tokens[state != 0].sum())
+        s["prefix_hit_rate"] = float(engine.cached_tokens.sum() / prompt_arrived) if prompt_arrived else 0.0
+        s["prefix_hit_tokens"] = int(engine.cached_tokens.sum())
+        s["prefix_evicted_blocks"] = int(engine.kv.evicted_blocks)
+    return s
