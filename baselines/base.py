@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+from llmsched_gym.core.scheduler import EngineView, Scheduler
 
 REGISTRY: dict[str, type[Scheduler]] = {}
 

@@ -209,6 +209,7 @@ class Engine:
         self.n_overflow_events = 0
         self.n_clears = 0
         self.total_decoded = 0
+        self.discarded_tokens = 0
         self.total_prefill_tokens = 0
         self.kv_time_integral = 0.0
         self.kv_peak_blocks = 0
@@ -375,13 +376,16 @@ class Engine:
             if chunk < 0:
                 raise PlanError(f"prefill: request {rid} has a negative chunk {chunk}")
             prefill.append((rid, int(chunk)))
+        # requests admitted now prefill first, so the decode set is fixed before admission
+        dec = self._decode_ids(plan.pause) if plan.decode else np.empty(0, dtype=np.int64)
         if admitted:
             swap_s += self._admit(admitted)
             # swapped-in requests resume decoding; their chunk entry is dropped
             if swap_s:
+                resumed = [r for r, _ in prefill if prefilled[r] >= target[r]]
                 prefill = [(r, c) for r, c in prefill if prefilled[r] < target[r]]
-
-        dec = self._decode_ids(plan.pause) if plan.decode else np.empty(0, dtype=np.int64)
+                if plan.decode and resumed:
+                    dec = np.concatenate([dec, np.array(resumed, dtype=np.int64)])
         if (
             plan.hold and not prefill and not n_preempted and not plan.pause and plan.decode
             and len(dec) and cfg.fast_forward and not self._composition and not swap_s
@@ -560,6 +564,7 @@ class Engine:
             self._free(rid)
             self.recomputed_tokens[rid] += int(self.kv_tokens[rid])
             if mode == "restart":
+                self.discarded_tokens += int(self.generated[rid])
                 self.generated[rid] = 0
                 self.prefill_target[rid] = self._prompt[rid]
             else:
@@ -705,10 +710,13 @@ class Engine:
         t_end = float(clocks[k])
         first = dec[gen[dec] == 0]
         if len(first):
-            self.first_token_s[first] = clocks[1]
+            ft = self.first_token_s[first]
+            self.first_token_s[first] = np.where(np.isnan(ft), clocks[1], ft)
         gen[dec] += k
         kvt[dec] += k
         self.total_decoded += b * k
+        if kv.enabled:
+            kv.make_room(int(grow[k - 1]))
         kv.used_blocks = int(used_after[-1])
         peak = int(used_after.max())
         if peak > self.kv_peak_blocks:

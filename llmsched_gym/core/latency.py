@@ -603,6 +603,7 @@ def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
         roofline:llama-2-7b/a100                roofline:llama-3-8b/h100,mfu=0.6,overhead_s=0.002
         llama-2-7b/a100                         (same as roofline:llama-2-7b/a100)
         table:runs/profile/a100.csv
+        gpu:llama-3-8b                          (times each batch on the local GPU; needs torch)
 
     Omitted keys keep the class defaults. Dicts use ``{"type": "linear", "d0": 0.01}``,
     ``{"type": "roofline", "model": "llama-3-8b", "gpu": "h100", "mfu": 0.6}``,
@@ -618,6 +619,11 @@ def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
     kind = kind.lower()
     if kind == "table" and rest:
         return TableLatency.from_csv(rest)
+    if kind == "gpu" and rest:
+        # the real-GPU backend (imports torch); nondeterministic, never fast-forwarded
+        from llmsched_gym.backends.gpu.backend import GPULatency
+
+        return GPULatency(rest.strip())
     if kind == "unit" and not rest:
         return UnitLatency()
     if kind == "linear":

@@ -136,6 +136,7 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         "clears": int(engine.n_clears),
         "recomputed_tokens": int(engine.recomputed_tokens.sum()),
         "decoded_tokens": int(engine.total_decoded),
+        "discarded_tokens": int(engine.discarded_tokens),
         "prefill_tokens": int(engine.total_prefill_tokens),
         "non_terminating": bool(engine.non_terminating),
         "stop_reason": engine.stop_reason,

@@ -1,0 +1,216 @@
+"""The ``llmsched`` command (ARCHITECTURE.md 4.3).
+
+``list``, ``run`` and ``bench`` need only NumPy; ``train``/``evaluate``/``compare`` import the RL
+stack and ``gpu`` imports torch, each only when invoked. Errors in user input are printed as one
+line (``error: FIELD: ...``) with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _parse_sets(items: list[str] | None) -> dict[str, Any]:
+    from llmsched_gym.core.scenarios import ScenarioError, parse_value
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ScenarioError(f"--set {item}: expected key=value")
+        key, value = item.split("=", 1)
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def _split_policy_sets(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    policy = {k.split(".", 1)[1]: v for k, v in sets.items() if k.startswith("policy.")}
+    rest = {k: v for k, v in sets.items() if not k.startswith("policy.")}
+    return rest, policy
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """A readable table of the headline metrics."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{summary['policy']} on {summary['scenario']} (seed {summary['seed']})", show_header=True)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("requests arrived / completed / rejected / unfinished",
+         f"{summary['n_arrived']} / {summary['n_completed']} / {summary['n_rejected']} / {summary['n_unfinished']}"),
+        ("simulated time (s)", summary["sim_time_s"]),
+        ("iterations", summary["iterations"]),
+        ("throughput (tokens/s)", summary["throughput_tokens_per_s"]),
+        ("E2E mean / p99 (s)", f"{_fmt(summary['e2e_s']['mean'])} / {_fmt(summary['e2e_s']['p99'])}"),
+        ("TTFT mean / p99 (s)", f"{_fmt(summary['ttft_s']['mean'])} / {_fmt(summary['ttft_s']['p99'])}"),
+        ("TPOT mean / p99 (s)", f"{_fmt(summary['tpot_s']['mean'])} / {_fmt(summary['tpot_s']['p99'])}"),
+        ("KV peak / mean (fraction)", f"{_fmt(summary['kv_peak_frac'])} / {_fmt(summary['kv_mean_frac'])}"),
+        ("preemptions / recomputed tokens", f"{summary['preemptions']} / {summary['recomputed_tokens']}"),
+    ]
+    if "slo_attainment" in summary:
+        rows.append(("SLO attainment", summary["slo_attainment"]))
+    if "fairness" in summary:
+        rows.append(("max service diff / Jain",
+                     f"{_fmt(summary['fairness']['max_service_diff'])} / {_fmt(summary['fairness']['jain'])}"))
+    if "prefix_hit_rate" in summary:
+        rows.append(("prefix hit rate (tokens)", summary["prefix_hit_rate"]))
+    if summary.get("non_terminating"):
+        rows.append(("NON-TERMINATING", summary["stop_reason"]))
+    rows.append(("wall time (s)", summary["wall_time_s"]))
+    for k, v in rows:
+        t.add_row(k, _fmt(v))
+    Console(width=120).print(t)
+
+
+def write_iteration_log(result, path: str) -> None:
+    """The iteration log as CSV plus ``.batches.jsonl`` (batch composition, for GPU replay)."""
+    import numpy as np
+
+    from llmsched_gym.core.engine import LOG_COLUMNS
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    log = result.iterations
+    cols = [np.asarray(log[c]) for c in LOG_COLUMNS]
+    with p.open("w") as f:
+        f.write(",".join(LOG_COLUMNS) + "\n")
+        for row in zip(*cols, strict=True):
+            f.write(",".join(repr(float(v)) if isinstance(v, float | np.floating) else str(int(v)) for v in row) + "\n")
+    with p.with_suffix(".batches.jsonl").open("w") as f:
+        for b in result.engine.batches:
+            f.write(json.dumps(b) + "\n")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from baselines import REGISTRY, available
+    from llmsched_gym.core.latency import list_latency_presets
+    from llmsched_gym.core.scenarios import list_scenarios
+
+    con = Console()
+    t = Table(title="scenarios")
+    t.add_column("name")
+    t.add_column("description")
+    for k, v in list_scenarios().items():
+        t.add_row(k, v)
+    con.print(t)
+    t = Table(title="policies")
+    t.add_column("name")
+    t.add_column("parameters (defaults)")
+    for name in available():
+        t.add_row(name, ", ".join(f"{k}={v}" for k, v in REGISTRY[name].params.items()))
+    con.print(t)
+    con.print("latency presets: " + ", ".join(list_latency_presets()))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from llmsched_gym.sim import simulate
+
+    sets, policy_params = _split_policy_sets(_parse_sets(args.set))
+    if args.latency:
+        sets["latency"] = args.latency
+    result = simulate(args.scenario, args.policy, args.seed, sets, policy_params,
+                      log_batches=bool(args.log_iterations))
+    s = result.summary
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(s, indent=2, default=float) + "\n")
+    if args.log_iterations:
+        write_iteration_log(result, args.log_iterations)
+    if not args.quiet:
+        print_summary(s)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from llmsched_gym.bench import run_bench
+
+    report = run_bench(quick=args.quick, sections=args.only)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llmsched", description="LLM inference scheduling gym and simulator")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("list", help="scenarios, policies and latency presets")
+    sp.set_defaults(func=cmd_list)
+
+    sp = sub.add_parser("run", help="run one policy on one scenario")
+    sp.add_argument("--scenario", default="azure-conv", help="scenario name or trace:FORMAT:PATH")
+    sp.add_argument("--policy", default=None, help="policy name (default: the scenario's)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override: workload.X, engine.X, latency, policy.X (repeatable)")
+    sp.add_argument("--latency", default=None, help="batch-time model (e.g. roofline:llama-3-8b/h100, gpu:MODEL)")
+    sp.add_argument("--json", default=None, help="write the summary JSON here")
+    sp.add_argument("--log-iterations", default=None, help="write the iteration log CSV here")
+    sp.add_argument("--quiet", action="store_true")
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("bench", help="speed report")
+    sp.add_argument("--quick", action="store_true", help="smaller runs (for CI)")
+    sp.add_argument("--only", action="append", help="sections: engine, env (repeatable)")
+    sp.add_argument("--json", default=None)
+    sp.set_defaults(func=cmd_bench)
+
+    for extra in ("agents.cli", "llmsched_gym.backends.gpu.cli", "llmsched_gym.reproduce.cli"):
+        _maybe_add(sub, extra)
+    return p
+
+
+def _maybe_add(sub, module: str) -> None:
+    """Subcommands from other packages register themselves (imported lazily at call time)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module.rsplit(".", 1)[0]) is None:
+        return
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return
+    if spec is None:
+        return
+    mod = importlib.import_module(module)
+    for name in ("add_subcommands", "add_gpu_subcommands"):
+        fn = getattr(mod, name, None)
+        if fn is not None:
+            fn(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+    if getattr(args, "verbose_time", False):
+        print(f"took {time.perf_counter() - t0:.2f}s", file=sys.stderr)
+    return rc or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

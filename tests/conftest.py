@@ -1,0 +1,20 @@
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+settings.register_profile("dev", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+@pytest.fixture
+def traces_dir() -> Path:
+    if not TRACES.is_dir():
+        pytest.skip("../shared/traces is absent")
+    return TRACES

@@ -1,0 +1,70 @@
+"""CLI contract: list/run/bench work, bad input gives one-line errors naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmsched_gym.cli import main
+
+
+def run_cli(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_list_shows_scenarios_and_policies(capsys):
+    rc, out, _ = run_cli(capsys, "list")
+    assert rc == 0
+    for name in ("azure-conv", "jaillet-high", "klpm-toy", "fcfs"):
+        assert name in out
+
+
+def test_run_writes_summary_json_and_iteration_log(tmp_path, capsys):
+    js, log = tmp_path / "s.json", tmp_path / "it.csv"
+    rc, out, _ = run_cli(capsys, "run", "--scenario", "jaillet-low", "--set", "workload.n_requests=200",
+                         "--json", str(js), "--log-iterations", str(log), "--quiet")
+    assert rc == 0
+    s = json.loads(js.read_text())
+    assert s["n_arrived"] == 200 == s["n_completed"] + s["n_rejected"] + s["n_unfinished"]
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("t_start,duration,n_prefill_tokens")
+    assert len(lines) == s["iterations"] + 1
+    batches = log.with_suffix(".batches.jsonl").read_text().splitlines()
+    assert len(batches) == s["iterations"]
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["run", "--scenario", "nope"], "scenario: unknown 'nope'"),
+        (["run", "--policy", "nope"], "policy: unknown 'nope'"),
+        (["run", "--scenario", "jaillet-low", "--set", "workload.prompt.mean=-1"], "prompt.mean"),
+        (["run", "--scenario", "jaillet-low", "--set", "engine.kv_capacity_tokens=50"], "kv_capacity_tokens: 50 is smaller"),
+        (["run", "--scenario", "jaillet-low", "--set", "engine.colour=red"], "unknown engine field"),
+        (["run", "--scenario", "jaillet-low", "--set", "engine.overflow=explode"], "overflow: 'explode' is not one of"),
+        (["run", "--scenario", "jaillet-low", "--set", "policy.bogus=1"], "policy.bogus"),
+    ],
+)
+def test_bad_input_gives_one_line_error(capsys, argv, needle):
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 2
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert needle in err
+
+
+def test_malformed_trace_row_names_file_line_and_field(tmp_path, capsys):
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,-3,5\n")
+    rc, _, err = run_cli(capsys, "run", "--scenario", f"trace:csv:{p}")
+    assert rc == 2
+    assert "t.csv:3" in err and "prompt_tokens" in err and err.count("\n") == 1
+
+
+def test_negative_length_in_workload_is_rejected():
+    from llmsched_gym.core.request import Workload, WorkloadError
+
+    with pytest.raises(WorkloadError, match="output_tokens: must be >= 1"):
+        Workload(arrival_s=[0.0], prompt_tokens=[5], output_tokens=[-2])
