@@ -310,7 +310,28 @@ def _build_ip(instance: Instance, lo: np.ndarray, hi: np.ndarray):
     A_mem = sparse.csr_matrix((coef.astype(float), (row, col)), shape=(n_rows, n_vars))
     A_eq = sparse.csr_matrix((np.ones(n_vars), (var_req, np.arange(n_vars))), shape=(instance.n, n_vars))
     cost = var_t.astype(float)
-    return cost, A_mem, A_eq, var_req, var_t
+    # Symmetry breaking: identical requests (same a, s, o, window) start in index order,
+    # sum_{t<=tau} x_{j,t} <= sum_{t<=tau} x_{i,t} for consecutive i < j of a class.
+    rows, cols, vals = [], [], []
+    n_sym = 0
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in range(instance.n):
+        k = (int(instance.arrival[i]), int(instance.prompt[i]), int(instance.output[i]), int(lo[i]), int(hi[i]))
+        groups.setdefault(k, []).append(i)
+    for members in groups.values():
+        for i, j in zip(members[:-1], members[1:], strict=True):
+            for q in range(int(counts[i]) - 1):  # prefixes ending at lo+q
+                for b, sign in ((offsets[j], 1.0), (offsets[i], -1.0)):
+                    idx = np.arange(b, b + q + 1)
+                    rows.append(np.full(idx.size, n_sym))
+                    cols.append(idx)
+                    vals.append(np.full(idx.size, sign))
+                n_sym += 1
+    A_sym = None
+    if n_sym:
+        A_sym = sparse.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                                  shape=(n_sym, n_vars))
+    return cost, A_mem, A_eq, A_sym, var_req, var_t
 
 
 def _check_ip_size(instance: Instance, n_vars: int) -> None:
@@ -322,9 +343,11 @@ def _check_ip_size(instance: Instance, n_vars: int) -> None:
 
 def _run_milp(instance: Instance, lo: np.ndarray, hi: np.ndarray, time_limit_s: float,
               relax: bool = False):
-    cost, A_mem, A_eq, var_req, var_t = _build_ip(instance, lo, hi)
+    cost, A_mem, A_eq, A_sym, var_req, var_t = _build_ip(instance, lo, hi)
     n_vars = cost.size
     cons = [LinearConstraint(A_eq, 1.0, 1.0)]
+    if A_sym is not None:
+        cons.append(LinearConstraint(A_sym, -np.inf, 0.0))
     if A_mem.shape[0]:
         cons.append(LinearConstraint(A_mem, -np.inf, float(instance.M)))
     res = milp(cost, integrality=np.zeros(n_vars) if relax else np.ones(n_vars),
@@ -407,15 +430,18 @@ def solve_ip(instance: Instance, horizon: int | None = None, time_limit_s: float
         if not np.any(hi2 > cap - instance.output):
             bound = float(tel)
         elif horizon is None and int((hi2 - lo2 + 1).sum()) <= IP_MAX_VARS:
-            tel, starts, status, bound, n_vars = solve(lo2, hi2)
+            tel1, starts1 = tel, starts
+            tel, starts, status, bound, n_vars = solve(lo2, hi2)  # lossless windows
             info["solves"] = 2
+            if tel is None or tel1 < tel:  # pass 1's schedule is feasible too
+                tel, starts = tel1, starts1
             if status == "optimal":
                 bound = float(tel)
         else:
             status, bound = "optimal_in_horizon", float(sum_o)
     elif status == "time_limit" and not pass1_lossless:
         bound = float(sum_o)  # the dual bound only holds for the capped problem
-    if tel is None and horizon is None:  # time limit without a solution: fall back to greedy
+    if horizon is None and (tel is None or inc_tel < tel):  # never worse than the greedy incumbent
         tel, starts = inc_tel, inc
     return OptResult(tel, starts, status, float(max(bound, sum_o)), "ip", n_vars,
                      time.perf_counter() - t_start, info)
@@ -426,7 +452,7 @@ def solve_ip(instance: Instance, horizon: int | None = None, time_limit_s: float
 # ----------------------------------------------------------------------------------------------
 
 
-def solve_exhaustive(instance: Instance, max_states: int = 2_000_000) -> OptResult:
+def solve_exhaustive(instance: Instance, max_states: int = 1_000_000) -> OptResult:
     """Exact minimum TEL by memoised search over (round, waiting set, running profile).
 
     Digest §5.3: each round, any memory-feasible subset of the arrived waiting requests may start
@@ -537,8 +563,9 @@ def solve_optimum(instance: Instance, method: Literal["auto", "ip", "exhaustive"
     second to a few seconds in pure Python). ``method="ip"``: :func:`solve_ip`, limited to
     ``n <= 60`` and 20,000 binary start variables (HiGHS proves optimality of such time-indexed
     models in seconds; the memory-row matrix then has at most ~20,000 x (max o + 1) nonzeros).
-    ``"auto"`` uses the exhaustive search for ``n <= 5`` and ``max o_i <= 16`` (cheaper than
-    building an IP) and the IP otherwise. Exceeding a limit raises a one-line ``ValueError``.
+    ``"auto"`` uses the IP (milliseconds on tiny instances) and falls back to the exhaustive
+    search only when the IP's size limit is exceeded and ``n <= 8``. Exceeding a limit raises a
+    one-line ``ValueError``.
     """
     if method == "exhaustive":
         return solve_exhaustive(instance)
@@ -546,9 +573,12 @@ def solve_optimum(instance: Instance, method: Literal["auto", "ip", "exhaustive"
         return solve_ip(instance, time_limit_s=time_limit_s)
     if method != "auto":
         raise ValueError(f"method: must be 'auto', 'ip' or 'exhaustive', got {method!r}")
-    if instance.n <= 5 and int(instance.output.max()) <= 16:
-        return solve_exhaustive(instance)
-    return solve_ip(instance, time_limit_s=time_limit_s)
+    try:
+        return solve_ip(instance, time_limit_s=time_limit_s)
+    except ValueError:
+        if instance.n <= EXHAUSTIVE_MAX_N:
+            return solve_exhaustive(instance)
+        raise
 
 
 # ----------------------------------------------------------------------------------------------
