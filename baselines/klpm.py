@@ -1,0 +1,231 @@
+"""Seed 004 (Dexter et al., "LLM Query Scheduling with Prefix Reuse and Latency Constraints",
+arXiv 2502.04677 v1): longest-prefix-match scheduling and k-LPM.
+
+Rules (digest §3): ``lpm`` admits the waiting request with the most cached prompt tokens
+(``view.prefix_match``), ties uniformly at random (§3.2, footnote 4). ``k-lpm`` cycles one
+oldest-first pick and ``k - 1`` longest-prefix picks (Algorithm 1's pseudocode), so ``k = 1`` is
+FCFS and ``k -> infinity`` is LPM. ``sglang-lpm`` is SGLang v0.4's policy that LPM extends
+(§3.6): a stable sort by matched tokens, requests whose own match is at most 32 tokens but that
+share at least 32 tokens with an earlier such waiting request go last (in-batch prefix
+deprioritisation), and plain FCFS when more than ``fcfs_above`` (128) requests wait.
+
+Batched use (§2.1): each iteration the policy builds its pick order over the waiting queue and
+admits along it while requests fit, stopping at the first that does not (head-of-line, as the
+project's ``fcfs``); memory is checked exactly like ``fcfs`` (``memory="reserve"``: running
+requests' remaining predicted output is reserved and a request needs its prompt plus predicted
+output; ``"fit"``: prompt plus one token fits now). ``max_batch`` caps the running set and
+``max_prefill_tokens`` the prompt tokens admitted per iteration (0: no cap).
+
+Departures from the paper, with reasons:
+
+* The cache is the engine's prefix cache (LRU, block-granular; ``klpm-toy`` sizes it to hold one
+  prompt, which is Definition 2's last-prompt cache), not an ideal radix tree; matches are whole
+  blocks and cached blocks are counted against memory as if newly allocated (conservative).
+* Within one iteration matches are those of the cache before the iteration: the engine computes a
+  shared prefix twice when two requests that share it are admitted together, so in-batch sharing
+  is not credited in the pick order either.
+* Oldest first means the head of the engine's queue (arrival order; a preempted request re-enters
+  at the head, as in vLLM), which equals ``argmin t`` when nothing is preempted.
+* The k-LPM step counter runs across iterations and is consumed only by admitted picks; it does not
+  reset when the queue empties unless ``reset_on_empty`` (the paper leaves both open).
+* ``hit_metric="ratio"`` ranks by matched / prompt tokens (the paper's "hit rate" may mean either;
+  SGLang and our default use absolute tokens). ``ties="stable"`` breaks ties by queue order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+
+from .base import PolicyError, configure, register
+
+COMMON = {"memory": "reserve", "max_batch": 0, "max_prefill_tokens": 0}
+
+
+def _check(ok: bool, param: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise PolicyError(f"policy.{param}: must be {allowed}, got {value!r}")
+
+
+class _PrefixAware(Scheduler):
+    """Admission along a policy-defined pick order with ``fcfs``'s memory accounting."""
+
+    params = COMMON
+
+    def __init__(self, **kwargs: Any) -> None:
+        configure(self, kwargs)
+        _check(self.memory in ("reserve", "fit"), "memory", "one of reserve, fit", self.memory)
+        _check(self.max_batch >= 0, "max_batch", "an int >= 0 (0 = no cap)", self.max_batch)
+        _check(self.max_prefill_tokens >= 0, "max_prefill_tokens", "an int >= 0 (0 = no cap)",
+               self.max_prefill_tokens)
+
+    def _free_and_needs(self, view: EngineView, ids: list[int]) -> tuple[int, np.ndarray]:
+        """Free KV after reservations, and each candidate's need (tokens, whole blocks)."""
+        bs = view.block_size
+        free = view.kv_free
+        extra: np.ndarray | int
+        if self.memory == "reserve":
+            run = np.asarray(view.running, dtype=np.int64)
+            if len(run):
+                kv = view.kv_tokens[run]
+                rest = view.predicted_output[run] - view.generated[run]
+                free -= int(((-(-(kv + rest) // bs)) - (-(-kv // bs))).sum()) * bs
+            extra = view.predicted_output[ids]
+        else:
+            extra = 1
+        need = -(-(view.prompt_tokens[ids] + extra) // bs) * bs
+        return free, need
+
+    def _matches(self, view: EngineView, ids: list[int]) -> np.ndarray:
+        m = np.fromiter((view.prefix_match(r) for r in ids), dtype=np.float64, count=len(ids))
+        if getattr(self, "hit_metric", "absolute") == "ratio":
+            m = m / view.prompt_tokens[ids]
+        return m
+
+    def _tie_keys(self, n: int) -> np.ndarray:
+        """Secondary sort keys among equal matches: queue position or uniform random."""
+        if getattr(self, "ties", "stable") == "random":
+            return self.rng.random(n)
+        return np.arange(n, dtype=np.float64)
+
+    def _order(self, view: EngineView, waiting: list[int]) -> list[int]:
+        """Positions (into ``waiting``) in pick order; ``_consumed(k)`` is told how many were taken."""
+        raise NotImplementedError
+
+    def _consumed(self, k: int, queue_empty: bool) -> None:
+        """``k`` picks of the last order were admitted."""
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        waiting = view.waiting
+        if not waiting:
+            return BatchPlan.decode_only(hold=True)
+        free, need = self._free_and_needs(view, waiting)
+        room = self.max_batch - len(view.running) if self.max_batch else len(waiting)
+        if room <= 0 or need.min() > free:
+            # nothing can start before a completion or an arrival, whatever the order
+            return BatchPlan.decode_only(hold=True)
+        prompt = view.prompt_tokens
+        admit: list[int] = []
+        tokens = 0
+        for pos in self._order(view, waiting):
+            if len(admit) >= room:
+                break
+            rid = waiting[pos]
+            if self.max_prefill_tokens and admit and tokens + int(prompt[rid]) > self.max_prefill_tokens:
+                break
+            if need[pos] > free:
+                break
+            free -= int(need[pos])
+            tokens += int(prompt[rid])
+            admit.append(rid)
+        self._consumed(len(admit), len(admit) == len(waiting))
+        # something fits but the order's head does not: matches may change (LRU evictions), so
+        # the policy must look again next iteration
+        return BatchPlan.admit(admit, hold=False) if admit else BatchPlan.decode_only(hold=False)
+
+
+@register("lpm")
+class LPM(_PrefixAware):
+    """Longest prefix match, ties at random (seed 004 §3.2)."""
+
+    params = {**COMMON, "ties": "random", "hit_metric": "absolute"}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _check(self.ties in ("random", "stable"), "ties", "one of random, stable", self.ties)
+        _check(self.hit_metric in ("absolute", "ratio"), "hit_metric", "one of absolute, ratio", self.hit_metric)
+
+    def _order(self, view: EngineView, waiting: list[int]) -> list[int]:
+        m = self._matches(view, waiting)
+        return np.lexsort((self._tie_keys(len(waiting)), -m)).tolist()
+
+
+@register("k-lpm")
+class KLPM(LPM):
+    """k-LPM (seed 004 Algorithm 1): one oldest-first pick, then ``k - 1`` longest-prefix picks."""
+
+    params = {**LPM.params, "k": 2, "reset_on_empty": False}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _check(self.k >= 1, "k", "an int >= 1 (1 = FCFS; lpm is k = infinity)", self.k)
+
+    def reset(self, config, rng: np.random.Generator) -> None:
+        super().reset(config, rng)
+        self.step = 0
+
+    def _order(self, view: EngineView, waiting: list[int]) -> list[int]:
+        n = len(waiting)
+        k = self.k
+        if k == 1:
+            return list(range(n))
+        lpm = iter(super()._order(view, waiting))
+        taken = bytearray(n)
+        oldest = 0
+        order: list[int] = []
+        for slot in range(self.step, self.step + n):
+            if slot % k == 0:
+                while taken[oldest]:
+                    oldest += 1
+                pos = oldest
+            else:
+                pos = next(p for p in lpm if not taken[p])
+            taken[pos] = 1
+            order.append(pos)
+        return order
+
+    def _consumed(self, k: int, queue_empty: bool) -> None:
+        self.step = 0 if (queue_empty and self.reset_on_empty) else self.step + k
+
+
+@register("sglang-lpm")
+class SGLangLPM(_PrefixAware):
+    """SGLang v0.4's LPM (seed 004 §3.6): stable sort by matched tokens with in-batch prefix
+    deprioritisation, FCFS above ``fcfs_above`` waiting requests."""
+
+    params = {**COMMON, "fcfs_above": 128, "in_batch_threshold": 32}
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        _check(self.fcfs_above >= 0, "fcfs_above", "an int >= 0 (0 = never fall back)", self.fcfs_above)
+        _check(self.in_batch_threshold >= 0, "in_batch_threshold", "an int >= 0 (0 = off)", self.in_batch_threshold)
+
+    def _order(self, view: EngineView, waiting: list[int]) -> list[int]:
+        n = len(waiting)
+        if self.fcfs_above and n > self.fcfs_above:
+            return list(range(n))
+        m = self._matches(view, waiting)
+        key = -m
+        th = self.in_batch_threshold
+        prefix = view.workload.prefix
+        if th and prefix is not None:
+            seen: set[tuple] = set()
+            for pos, rid in enumerate(waiting):
+                if m[pos] > th:
+                    continue
+                sig = _head_signature(prefix[rid], th)
+                if sig is None:
+                    continue
+                if sig in seen:
+                    key[pos] = np.inf
+                else:
+                    seen.add(sig)
+        return np.argsort(key, kind="stable").tolist()
+
+
+def _head_signature(segs, n_tokens: int) -> tuple | None:
+    """The segments covering a prompt's first ``n_tokens`` tokens (None if its shareable head is
+    shorter): two prompts share at least ``n_tokens`` tokens exactly when these are equal."""
+    if not segs:
+        return None
+    out, acc = [], 0
+    for seg_id, k in segs:
+        take = min(k, n_tokens - acc)
+        out.append((seg_id, take))
+        acc += take
+        if acc >= n_tokens:
+            return tuple(out)
+    return None
