@@ -1,0 +1,184 @@
+"""MC-SF (Algorithm 2) and Algorithm 1 of Jaillet, Jiang, Podimata, Zhou, "Online Scheduling for
+LLM Inference with KV Cache Constraints" (arXiv 2502.07115 v1; Section 4, Algorithm 1, and
+Section 5, Algorithm 2, named MC-SF in later revisions). Digest: seed000_jaillet.md sections 2.1-2.3.
+
+Rule: running requests always continue (never paused or preempted). Waiting requests, in
+ascending (predicted) output length, are started while the future-memory test Eq. (1) holds at
+every completion point of the running and admitted requests, the candidate's own included;
+admission stops at the first failure. ``semi-online`` is the same rule with every request
+present at the first decision (Algorithm 1).
+
+Readings and departures (digest recommendations unless noted):
+
+* Time counts iterations, not seconds: the test bounds memory whatever a batch lasts (paper
+  Section 7). The memory trajectory is the engine's: with ``prefill_emits_token = False`` (the
+  jaillet scenarios) a request started in iteration ``t`` holds ``s + k`` tokens in iteration
+  ``t + k``, ``k = 0..o`` (convention A); with ``True`` it holds ``s + 1 + k``, ``k = 0..o-1``.
+* Per-request prompt sizes ``s_i`` (the paper's experiments) in place of the theory's common ``s``;
+  the paper's ``break`` is kept (``on_fail="break"``) although with unequal ``s_i`` a later
+  candidate may still fit; ``on_fail="skip"`` tries every candidate (O(queue) per iteration).
+  Ties in length: earlier arrival, then smaller id (unspecified in the paper).
+* Lengths are ``predicted_output`` (the true ones under the default oracle predictor);
+  ``oracle=True`` reads the true lengths. A running request that outlives its prediction is
+  assumed to finish in the next iteration. With noisy predictions the test can be wrong and an
+  iteration can overflow; the engine's handler then applies (the paper, Section 8.1, only says the
+  worker stops). Recommended: ``--set engine.overflow=preempt_lifo_recompute``; under the
+  scenarios' default ``forbid`` an overflow aborts the run with a PlanError.
+* A request preempted with recompute re-enters with its prompt plus generated tokens to
+  re-prefill and its predicted remaining output; the queue order stays the paper's ``o_i``.
+* Paged KV (``block_size > 1``, outside the paper): each request is charged ``block_size - 1``
+  extra tokens for its partly filled last block, so the test stays a sufficient condition.
+* If nothing runs and the first candidate fails (only when its predicted peak, or its paged
+  charge, exceeds M alone), it is started anyway, otherwise the worker would wait forever.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+
+from .base import PolicyError, configure, register
+
+if TYPE_CHECKING:
+    from llmsched_gym.core.engine import EngineConfig
+
+
+class CompletionProfile:
+    """Eq. (1) evaluated at completion points, built incrementally (digest section 2.1).
+
+    An item occupies ``base + j`` tokens after iteration ``now + j`` for ``j = 0..last`` and is
+    freed after iteration ``now + last``. Total memory only grows between two completion points
+    and drops just after one, so it peaks at the points ``last`` of the items: checking those
+    (O(items) per candidate) is the same as checking every future iteration.
+    """
+
+    def __init__(self, bases: np.ndarray, lasts: np.ndarray, capacity: int) -> None:
+        self.capacity = capacity
+        self.bases = np.asarray(bases, dtype=np.int64)
+        self.lasts = np.asarray(lasts, dtype=np.int64)
+        order = np.argsort(self.lasts, kind="stable")
+        b_sorted, l_sorted = self.bases[order], self.lasts[order]
+        self.points = np.unique(l_sorted)
+        first = np.searchsorted(l_sorted, self.points, side="left")
+        tail_bases = np.concatenate((np.cumsum(b_sorted[::-1])[::-1], [0]))
+        self.memory = tail_bases[first] + (len(l_sorted) - first) * self.points
+
+    def _own_point(self, base: int, last: int) -> int:
+        alive = self.lasts >= last
+        return int(self.bases[alive].sum()) + (int(np.count_nonzero(alive)) + 1) * last + base
+
+    def fits(self, base: int, last: int) -> bool:
+        """Whether adding an item ``(base, last)`` keeps every completion point within capacity.
+
+        Points after ``last`` are unchanged (Eq. (1) stops at the latest admitted completion)."""
+        j = int(np.searchsorted(self.points, last, side="right"))
+        pts = self.points[:j]
+        if j and int((self.memory[:j] + base + pts).max()) > self.capacity:
+            return False
+        if j and self.points[j - 1] == last:
+            return True
+        return self._own_point(base, last) <= self.capacity
+
+    def add(self, base: int, last: int) -> None:
+        j = int(np.searchsorted(self.points, last, side="right"))
+        new_point = not (j and self.points[j - 1] == last)
+        own = self._own_point(base, last) if new_point else 0
+        self.memory[:j] += base + self.points[:j]
+        if new_point:
+            self.points = np.insert(self.points, j, last)
+            self.memory = np.insert(self.memory, j, own)
+        self.bases = np.append(self.bases, base)
+        self.lasts = np.append(self.lasts, last)
+
+
+@register("mcsf")
+class MCSF(Scheduler):
+    """Algorithm 2 (MC-SF): shortest predicted output first under the Eq. (1) future-memory test.
+
+    :param on_fail: ``break`` (the paper: stop at the first candidate that does not fit) or
+        ``skip`` (try the remaining candidates too).
+    :param oracle: use the true output lengths instead of ``predicted_output``.
+    """
+
+    params = {"on_fail": "break", "oracle": False}
+
+    def __init__(self, **kwargs) -> None:
+        configure(self, kwargs)
+        if self.on_fail not in ("break", "skip"):
+            raise PolicyError(f"policy.on_fail: {self.on_fail!r} is not one of break, skip")
+        self._queue: list[tuple[int, int]] = []
+
+    def reset(self, config: EngineConfig, rng: np.random.Generator) -> None:
+        super().reset(config, rng)
+        self._queue = []
+        self._emits = 1 if config.prefill_emits_token else 0
+        self._pad = config.block_size - 1
+
+    def _lengths(self, view: EngineView) -> np.ndarray:
+        return view.workload.output_tokens if self.oracle else view.predicted_output
+
+    def on_arrival(self, req_id: int, view: EngineView) -> bool:
+        bisect.insort(self._queue, (int(self._lengths(view)[req_id]), req_id))
+        return True
+
+    def on_preempt(self, req_id: int, view: EngineView) -> None:
+        bisect.insort(self._queue, (int(self._lengths(view)[req_id]), req_id))
+
+    def profile(self, view: EngineView) -> CompletionProfile:
+        """The running requests' future memory (each decodes one token per iteration)."""
+        run = np.asarray(view.running, dtype=np.int64)
+        remaining = np.maximum(self._lengths(view)[run] - view.generated[run], 1)
+        return CompletionProfile(view.kv_tokens[run] + 1 + self._pad, remaining - 1, view.kv_capacity)
+
+    def candidate(self, view: EngineView, rid: int) -> tuple[int, int]:
+        """``(base, last)`` of ``rid`` if started now: its (re-)prefill, then one token per iteration."""
+        remaining = max(int(self._lengths(view)[rid]) - int(view.generated[rid]), 1)
+        if view.prefilled[rid] >= view.prefill_target[rid] and view.kv_tokens[rid]:
+            # swapped out with its KV intact: it resumes decoding
+            return int(view.kv_tokens[rid]) + 1 + self._pad, remaining - 1
+        base = int(view.prefill_target[rid]) + self._emits + self._pad
+        return base, remaining - self._emits
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        queue = self._queue
+        if not queue:
+            return BatchPlan.decode_only(hold=True)
+        prof = self.profile(view)
+        admit: list[int] = []
+        for _, rid in queue:
+            base, last = self.candidate(view, rid)
+            if prof.fits(base, last):
+                prof.add(base, last)
+                admit.append(rid)
+            elif self.on_fail == "break":
+                break
+        if not admit and not view.running:
+            admit.append(queue[0][1])
+        if not admit:
+            # a later start lowers the candidate's memory at every running completion point, so
+            # the test may pass without any engine event: no hold
+            return BatchPlan.decode_only(hold=False)
+        if queue[len(admit) - 1][1] == admit[-1]:
+            del queue[: len(admit)]
+        else:
+            taken = set(admit)
+            self._queue = [q for q in queue if q[1] not in taken]
+        return BatchPlan.admit(admit)
+
+
+@register("semi-online")
+class SemiOnline(MCSF):
+    """Algorithm 1: MC-SF's rule on an instance whose requests are all present at the first
+    decision (the paper's semi-online model, all arrivals at t = 0); a later arrival is an error."""
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        if view.next_arrival_s != float("inf"):
+            raise PolicyError(
+                f"semi-online: a request arrives at {view.next_arrival_s:g} after the first decision "
+                f"at {view.now:g}; Algorithm 1 needs every request present at once (use mcsf)"
+            )
+        return super().schedule(view)

@@ -1,0 +1,104 @@
+"""Seed 000 (Jaillet et al.) Figure 5 sweep and the alpha-greedy loop scan.
+
+Figure 5: mean end-to-end latency of MC-SF and of six alpha-protection configurations against the
+number of arrivals N = 1000..10000 (the first N requests of one Poisson stream; digest section
+4.3-4.4), at high (50/s, ``jaillet-high``) and low (10/s, ``jaillet-low``) demand. The headline
+statistic is the slope of mean latency vs N (least squares) and the ratio best-benchmark/MC-SF
+(paper: about 3 at high demand, at least 8 at low demand; digest section 4.5).
+
+Engine conventions (scenario defaults): token-level KV, ``prefill_emits_token = False``
+(convention A), so a request completes at the end of its last iteration; in round mode the
+engine's completion time is the paper's ``c_i + 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmsched_gym.core.scenarios import get_scenario
+from llmsched_gym.sim import simulate
+
+FIGURE5: tuple[tuple[str, str, dict[str, float]], ...] = (
+    ("mcsf", "mcsf", {}),
+    ("alpha=0.30", "alpha-greedy", {"alpha": 0.30}),
+    ("alpha=0.25", "alpha-greedy", {"alpha": 0.25}),
+    ("alpha=0.2,beta=0.2", "alpha-beta", {"alpha": 0.2, "beta": 0.2}),
+    ("alpha=0.2,beta=0.1", "alpha-beta", {"alpha": 0.2, "beta": 0.1}),
+    ("alpha=0.1,beta=0.2", "alpha-beta", {"alpha": 0.1, "beta": 0.2}),
+    ("alpha=0.1,beta=0.1", "alpha-beta", {"alpha": 0.1, "beta": 0.1}),
+)
+"""(label, policy, parameters) of the seven Figure 5 algorithms."""
+
+_NAMED_RATES = {50.0: "jaillet-high", 10.0: "jaillet-low"}
+
+
+def scenario_for(rate: float, n_requests: int) -> dict[str, Any]:
+    """The jaillet scenario at Poisson ``rate`` (req/s) cut to the first ``n_requests`` requests."""
+    name = _NAMED_RATES.get(float(rate))
+    overrides: dict[str, Any] = {"workload.n_requests": int(n_requests)}
+    if name is None:
+        name = "jaillet-high"
+        overrides["workload.arrival.rate"] = float(rate)
+    spec = get_scenario(name, overrides)
+    # the scenario's default policy parameters must not leak into the policies compared here
+    spec["policy"] = "mcsf"
+    return spec
+
+
+def run_one(rate: float, n_requests: int, policy: str, params: dict[str, float], seed: int) -> dict[str, Any]:
+    """One run; the summary keys the sweep reports."""
+    s = simulate(scenario_for(rate, n_requests), {"name": policy, **params}, seed=seed).summary
+    return {
+        "mean_e2e_s": s["e2e_s"]["mean"], "n_completed": s["n_completed"], "iterations": s["iterations"],
+        "clears": s["clears"], "recomputed_tokens": s["recomputed_tokens"], "kv_peak_frac": s["kv_peak_frac"],
+        "non_terminating": s["non_terminating"], "stop_reason": s["stop_reason"], "wall_time_s": s["wall_time_s"],
+    }
+
+
+def slope(n_values: list[int], latencies: list[float]) -> float:
+    """Least-squares slope of mean latency against N (seconds per additional arrival)."""
+    if len(n_values) < 2:
+        return float("nan")
+    return float(np.polyfit(np.asarray(n_values, float), np.asarray(latencies, float), 1)[0])
+
+
+def loop_scan(rate: float, n_requests: int, alphas: list[float], seed: int = 0) -> dict[str, Any]:
+    """alpha-greedy on every ``alpha``: which runs the loop detector stops, and the smallest alpha
+    from which every larger grid value terminates (the paper's "smallest loop-free alpha")."""
+    runs = {round(a, 4): run_one(rate, n_requests, "alpha-greedy", {"alpha": a}, seed) for a in alphas}
+    looping = sorted(a for a, r in runs.items() if r["non_terminating"])
+    above = [a for a in sorted(runs) if not looping or a > looping[-1]]
+    return {"n_requests": n_requests, "seed": seed, "runs": runs, "looping": looping,
+            "smallest_loop_free_alpha": above[0] if above else None}
+
+
+def run_sweep(rate: float, n_values: list[int], seeds: list[int], quick: bool = False) -> dict[str, Any]:
+    """Figure 5 at ``rate``: every configuration of :data:`FIGURE5` for each N and seed.
+
+    Returns ``{"rate", "scenario", "n_values", "seeds", "policies", "best_benchmark",
+    "slope_ratio_best_benchmark_to_mcsf", "loop_scan"}``; ``policies[label]`` holds ``runs``
+    (``runs[i][j]``: N = ``n_values[i]``, seed ``seeds[j]``), ``mean_e2e_s`` (seed mean per N),
+    ``slope`` and ``terminated`` (no run stopped by the loop detector). The best benchmark is the
+    terminating alpha configuration with the smallest slope. Unless ``quick``, ``loop_scan`` is
+    :func:`loop_scan` on the alpha grid 0.01..0.30 (step 0.01) at the largest N and first seed.
+    """
+    n_values = [int(n) for n in n_values]
+    policies: dict[str, Any] = {}
+    for label, policy, params in FIGURE5:
+        runs = [[run_one(rate, n, policy, params, seed) for seed in seeds] for n in n_values]
+        mean = [float(np.mean([r["mean_e2e_s"] for r in row])) for row in runs]
+        policies[label] = {"policy": policy, "params": params, "runs": runs, "mean_e2e_s": mean,
+                           "slope": slope(n_values, mean),
+                           "terminated": not any(r["non_terminating"] for row in runs for r in row)}
+    bench = {k: v for k, v in policies.items() if k != "mcsf" and v["terminated"]}
+    best = min(bench, key=lambda k: bench[k]["slope"]) if bench else None
+    ratio = bench[best]["slope"] / policies["mcsf"]["slope"] if best else float("nan")
+    scan = None
+    if not quick:
+        grid = [round(0.01 * k, 2) for k in range(1, 31)]
+        scan = loop_scan(rate, max(n_values), grid, seeds[0])
+    return {"rate": rate, "scenario": scenario_for(rate, max(n_values))["name"], "n_values": n_values,
+            "seeds": list(seeds), "policies": policies, "best_benchmark": best,
+            "slope_ratio_best_benchmark_to_mcsf": ratio, "loop_scan": scan}
