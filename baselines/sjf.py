@@ -1,0 +1,146 @@
+"""Shortest-job-first schedulers on predicted output lengths (engine baselines of the issue).
+
+``sjf``: waiting requests are admitted in increasing order of predicted output length
+(``view.predicted_output``; ``oracle=True`` reads the true one). ``srpt``: in increasing order of
+predicted remaining output (predicted length - tokens already generated, at least 1, which only
+differs from ``sjf`` for requests preempted with recompute), and with ``preemptive=True`` a
+waiting request that fails the admission test evicts the fewest running requests whose
+predicted remaining is longer than its own (longest first) that make it pass. Running requests
+otherwise continue. Admission stops at the first request that fails the test:
+
+* ``admission="peak"``: seed 000's future-memory test (Jaillet et al., Eq. 1, checked at every
+  completion point, O(M) per candidate); ``sjf`` with it is MC-SF's admission rule, so it reuses
+  MC-SF's :class:`~baselines.mcsf.CompletionProfile` and its readings (paged charge, outgrown
+  predictions, recompute re-entry);
+* ``admission="fit"``: the prompt plus its first token fits in the KV left after this
+  iteration's decodes; a later overflow goes to the engine's handler.
+
+These are the classic size-based baselines, not a paper's algorithm. ``max_num_seqs`` (0 = no
+limit) caps the running set. With nothing running, the head of the queue is started even if it
+fails the test (else the worker would wait forever).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from llmsched_gym.core.scheduler import BatchPlan, EngineView
+
+from .base import PolicyError, configure, register
+from .mcsf import MCSF, CompletionProfile
+
+
+@register("sjf")
+class SJF(MCSF):
+    """Shortest predicted job first, non-preemptive."""
+
+    params = {"admission": "peak", "max_num_seqs": 0, "oracle": False}
+    preemptive = False
+
+    def __init__(self, **kwargs) -> None:
+        configure(self, kwargs)
+        if self.admission not in ("peak", "fit"):
+            raise PolicyError(f"policy.admission: {self.admission!r} is not one of peak, fit")
+        if self.max_num_seqs < 0:
+            raise PolicyError(f"policy.max_num_seqs: must be >= 0 (0 = no limit), got {self.max_num_seqs}")
+        self._queue: list[tuple[int, int]] = []
+
+    def remaining(self, view: EngineView, rid: int) -> int:
+        return max(int(self._lengths(view)[rid]) - int(view.generated[rid]), 1)
+
+    def profile_of(self, view: EngineView, run: list[int]) -> CompletionProfile:
+        """MC-SF's running-set profile, restricted to ``run``."""
+        ids = np.asarray(run, dtype=np.int64)
+        remaining = np.maximum(self._lengths(view)[ids] - view.generated[ids], 1)
+        return CompletionProfile(view.kv_tokens[ids] + 1 + self._pad, remaining - 1, view.kv_capacity)
+
+    @staticmethod
+    def free_after_decodes(view: EngineView) -> int:
+        """Free KV once this iteration's decodes have taken their new blocks."""
+        bs = view.block_size
+        kvt = view.kv_tokens
+        return view.kv_free - bs * sum(1 for r in view.running if int(kvt[r]) % bs == 0)
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        queue = self._queue
+        if not queue:
+            return BatchPlan.decode_only(hold=True)
+        peak = self.admission == "peak"
+        bs = view.block_size
+        prof = self.profile(view) if peak else None
+        free = 0 if peak else self.free_after_decodes(view)
+        seqs = len(view.running)
+        admit: list[int] = []
+        preempt: list[int] = []
+        for _, rid in queue:
+            if self.max_num_seqs and seqs >= self.max_num_seqs:
+                break
+            base, last = self.candidate(view, rid)
+            need = view.blocks_for(int(view.prefill_target[rid]) + 1) * bs
+            ok = prof.fits(base, last) if prof is not None else need <= free
+            if not ok and self.preemptive and not admit:
+                preempt = self._make_room(view, rid, need)
+                if preempt:
+                    gone = set(preempt)
+                    if prof is not None:
+                        prof = self.profile_of(view, [r for r in view.running if r not in gone])
+                    free += sum(view.blocks_for(int(view.kv_tokens[r])) * bs for r in preempt)
+                    seqs -= len(preempt)
+                    ok = True
+            if not ok:
+                break
+            admit.append(rid)
+            if prof is not None:
+                prof.add(base, last)
+            free -= need
+            seqs += 1
+            if preempt:
+                break
+        if not admit and not view.running:
+            admit.append(queue[0][1])
+        del queue[: len(admit)]
+        # under "peak" a later start lowers the candidate's memory at the running requests'
+        # completion points, so the test may pass without any engine event: hold only under "fit"
+        hold = not admit and not preempt and not peak
+        return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, preempt=preempt, hold=hold)
+
+    def _make_room(self, view: EngineView, rid: int, need: int) -> list[int]:
+        """The fewest running requests with a longer predicted remaining than ``rid``'s (longest
+        first) whose eviction lets ``rid`` pass the admission test; empty if none suffice."""
+        mine = self.remaining(view, rid)
+        longer = sorted((r for r in view.running if self.remaining(view, r) > mine),
+                        key=lambda r: (-self.remaining(view, r), -r))
+        if not longer:
+            return []
+        base, last = self.candidate(view, rid)
+        bs = view.block_size
+        free = self.free_after_decodes(view)
+
+        def passes(k: int) -> bool:
+            if self.admission == "peak":
+                gone = set(longer[:k])
+                return self.profile_of(view, [r for r in view.running if r not in gone]).fits(base, last)
+            return need <= free + sum(view.blocks_for(int(view.kv_tokens[v])) * bs for v in longer[:k])
+
+        if not passes(len(longer)):
+            return []
+        lo, hi = 1, len(longer)
+        while lo < hi:  # evicting more only lowers the memory: bisect the count
+            mid = (lo + hi) // 2
+            if passes(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return longer[:lo]
+
+
+@register("srpt")
+class SRPT(SJF):
+    """Shortest predicted remaining output first; preemptive by default."""
+
+    params = {"admission": "peak", "max_num_seqs": 0, "oracle": False, "preemptive": True}
+
+    def on_preempt(self, req_id: int, view: EngineView) -> None:
+        bisect.insort(self._queue, (self.remaining(view, req_id), req_id))

@@ -1,0 +1,202 @@
+"""vLLM's two schedulers, as the engine baselines of seed 003 (Ao et al., section 6; digest 3.6).
+
+``vllm-v1`` (vLLM >= 0.8, ``vllm/v1/core/sched/scheduler.py``): one token budget per step
+(``max_num_batched_tokens``) shared by prefill and decode. Running requests are served first, in
+admission order: a decode takes 1 token, an unfinished prefill its next chunk (at most
+``long_prefill_token_threshold`` tokens when that is > 0, and at most what the budget has left).
+When a running request cannot get its blocks, the newest running request is preempted (KV freed,
+recompute on resume: it re-prefills prompt + generated tokens) and goes to the head of the
+queue; a request that has to preempt itself stops the scan. Then, only if nothing was preempted
+this step, waiting requests are admitted head first (strict head-of-line) while the budget,
+``max_num_seqs`` and the free blocks above the watermark allow; the prefill chunk of a new request
+is what the budget leaves. Prefix-cache hits are capped at prompt - 1 by the engine.
+
+``vllm-v0`` (vLLM's original scheduler as Vidur implements it, the simulator the paper used):
+prefill-only batches first. Waiting requests are admitted head first while the admission test
+(free blocks - prompt blocks >= the 1 % watermark), ``max_num_seqs`` and the padded token limit
+(``len(batch) x longest prompt <= max_num_batched_tokens``) hold; if at least one was admitted
+the step is a prefill-only batch. Otherwise every running request decodes, preempting the newest
+running request (recompute) while a decode lacks a block.
+
+Departures:
+
+* Block accounting follows the engine (a decode needs a new block only when its last block is
+  full; the final prefill chunk also stores token 1 when prefill emits it), where vLLM v0
+  reserves one slot per sequence.
+* The watermark (vLLM v0's, default 1 % of the blocks) also guards v1 admissions, as the issue
+  asks; set ``watermark=0`` for vLLM v1's exact rule.
+* v0: a prompt longer than ``max_num_batched_tokens`` is admitted alone (vLLM ignores it with an
+  error; dropping requests would break the conservation invariant).
+* Blocks freed by a preemption are counted without the request's shared prefix blocks' owners;
+  when that estimate is off, the engine's ``preempt_lifo_recompute`` handler (forced below)
+  evicts the newest requests, which is vLLM's own rule.
+"""
+
+from __future__ import annotations
+
+from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+
+from .base import PolicyError, configure, register
+
+VLLM_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute"}
+
+
+def decode_blocks(view: EngineView, rid: int) -> int:
+    """Blocks a decode step of ``rid`` allocates (1 when its last block is full)."""
+    return 1 if int(view.kv_tokens[rid]) % view.block_size == 0 else 0
+
+
+def chunk_blocks(view: EngineView, rid: int, start: int, chunk: int) -> int:
+    """Blocks added when ``rid`` prefills ``chunk`` tokens on top of ``start`` computed ones."""
+    last = start + chunk >= int(view.prefill_target[rid])
+    end = start + chunk + (1 if last and view.prefill_emits_token else 0)
+    bs = view.block_size
+    return -(-end // bs) - -(-start // bs)
+
+
+def held_blocks(view: EngineView, rid: int) -> int:
+    return view.blocks_for(int(view.kv_tokens[rid]))
+
+
+def preempt_newest(view: EngineView, running: list[int], n: int, rid: int, need: int, free: int,
+                   preempt: list[int], reserved: dict[int, int] | None = None) -> tuple[int, int]:
+    """vLLM's rule: while ``need`` blocks are missing for ``rid``, preempt the newest of
+    ``running[:n]`` (``rid`` itself last). Returns the new ``n`` and free blocks; ``rid`` was
+    preempted when it ends ``preempt``. ``reserved`` blocks of a victim are released too."""
+    while need > free:
+        n -= 1
+        victim = running[n]
+        preempt.append(victim)
+        if victim == rid:
+            break
+        free += held_blocks(view, victim) + (reserved.pop(victim, 0) if reserved else 0)
+    return n, free
+
+
+def check_positive(obj: Scheduler, *names: str, allow_zero: tuple[str, ...] = ()) -> None:
+    for name in names:
+        v = getattr(obj, name)
+        if v < 0 or (v == 0 and name not in allow_zero):
+            bound = ">= 0" if name in allow_zero else ">= 1"
+            raise PolicyError(f"policy.{name}: must be {bound}, got {v}")
+
+
+def check_watermark(obj: Scheduler) -> None:
+    if not 0.0 <= obj.watermark < 1.0:
+        raise PolicyError(f"policy.watermark: must be in [0, 1), got {obj.watermark}")
+
+
+@register("vllm-v1")
+class VLLMV1(Scheduler):
+    """vLLM v1: unified token budget, running first, chunked prefill, LIFO preemption."""
+
+    params = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "long_prefill_token_threshold": 0,
+              "watermark": 0.01}
+    engine_overrides = VLLM_ENGINE
+
+    def __init__(self, **kwargs) -> None:
+        configure(self, kwargs)
+        check_positive(self, "max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
+                       allow_zero=("long_prefill_token_threshold",))
+        check_watermark(self)
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        bs = view.block_size
+        free = view.kv_free // bs
+        budget = self.max_num_batched_tokens
+        thr = self.long_prefill_token_threshold
+        prefilled, target = view.prefilled, view.prefill_target
+        running = view.running
+        n = len(running)
+        prefill: dict[int, int] = {}
+        preempt: list[int] = []
+        i = 0
+        while i < n and budget > 0:
+            rid = running[i]
+            done = int(prefilled[rid])
+            left = int(target[rid]) - done
+            if left > 0:
+                c = min(left, thr, budget) if thr else min(left, budget)
+                need = chunk_blocks(view, rid, int(view.kv_tokens[rid]), c)
+            else:
+                c = 1
+                need = decode_blocks(view, rid)
+            n, free = preempt_newest(view, running, n, rid, need, free, preempt)
+            if preempt and preempt[-1] == rid:
+                break
+            free -= need
+            budget -= c
+            if left > 0:
+                prefill[rid] = c
+            i += 1
+        # requests the scan did not reach (budget spent) skip this step with their KV kept
+        pause = {r for r in running[i:n] if prefilled[r] >= target[r]}
+        if not preempt:
+            watermark = int(self.watermark * (view.kv_capacity // bs))
+            seqs = n
+            for rid in view.waiting:
+                if budget <= 0 or seqs >= self.max_num_seqs:
+                    break
+                hit = view.prefix_match(rid)
+                left = int(target[rid]) - hit
+                c = min(left, thr, budget) if thr else min(left, budget)
+                need = chunk_blocks(view, rid, hit, c) + hit // bs
+                if free - need < watermark:
+                    break
+                free -= need
+                budget -= c
+                prefill[rid] = c
+                seqs += 1
+        hold = not prefill and not preempt and not pause
+        return BatchPlan(prefill=prefill, preempt=preempt, pause=pause, hold=hold)
+
+
+@register("vllm-v0")
+class VLLMV0(Scheduler):
+    """vLLM v0 (Vidur): prefill-only batches first, decodes only when no prefill is scheduled."""
+
+    params = {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "watermark": 0.01}
+    engine_overrides = VLLM_ENGINE
+
+    def __init__(self, **kwargs) -> None:
+        configure(self, kwargs)
+        check_positive(self, "max_num_batched_tokens", "max_num_seqs")
+        check_watermark(self)
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        bs = view.block_size
+        free = view.kv_free // bs
+        watermark = int(self.watermark * (view.kv_capacity // bs))
+        target = view.prefill_target
+        seqs = len(view.running)
+        prefill: dict[int, int] = {}
+        longest = 0
+        for rid in view.waiting:
+            if seqs >= self.max_num_seqs:
+                break
+            t = int(target[rid])
+            longest = max(longest, t)
+            if prefill and (len(prefill) + 1) * longest > self.max_num_batched_tokens:
+                break
+            hit = view.prefix_match(rid)
+            need = chunk_blocks(view, rid, hit, t - hit) + hit // bs
+            if free - need < watermark:
+                break
+            free -= need
+            prefill[rid] = BatchPlan.FULL
+            seqs += 1
+        if prefill:
+            return BatchPlan(prefill=prefill, decode=False)
+        running = view.running
+        n = len(running)
+        preempt: list[int] = []
+        i = 0
+        while i < n:
+            rid = running[i]
+            need = decode_blocks(view, rid)
+            n, free = preempt_newest(view, running, n, rid, need, free, preempt)
+            if preempt and preempt[-1] == rid:
+                break
+            free -= need
+            i += 1
+        return BatchPlan(preempt=preempt, hold=not preempt)

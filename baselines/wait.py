@@ -1,0 +1,211 @@
+"""Seed 003 (Ao, Luo, Simchi-Levi, Wang, "Optimizing LLM Inference: Fluid-Guided Online Scheduling
+with Memory Constraints", arXiv 2504.11320 v2): the FCFS baseline of section 3 and WAIT
+(Algorithm 1, section 4). Digest: seed003_wait.md sections 1, 2.3, 3.1, 3.2 and 7.
+
+``fcfs-greedy-lifo`` (paper section 3, Example 2, Prop. 3): every iteration prefills every waiting
+prompt and decodes every running one; when the KV after the iteration would exceed C, the most
+recently admitted running prompts are evicted (full restart, back to the queue) until it fits.
+
+``wait`` (Algorithm 1): type j has a per-stage threshold n_j. Type j joins a batch only when at
+least n_j of its prompts wait for prefill; the batch then advances min(n_j, count) prompts of type
+j at every stage (prefill and each decode stage), FIFO. Other types' prompts stay paused with
+their KV. Resident memory is therefore at most M^pi = sum_j n_j (l'_j+1)(l_j+l'_j/2) and WAIT
+never evicts when M^pi <= C.
+
+Thresholds (``rule``): ``fluid`` n_j = ceil(c lambda_j) with c in [Delta T*, C/A] (digest 2.3:
+c = Delta T* is the equilibrium pi*, larger c gives strict slack; when C < M* no c is feasible
+and c = C/A fills the memory, Remark 1); ``practical`` the companion code's fluid-proportional
+reading of the paper's section 6.1 rule, n_j = max(1, floor(B lambda_j / sum_j' lambda_j'
+(l'_j'+1))); ``practical_literal`` the paper's formula as printed, n_j = max(1, floor(B rho_j /
+(l'_j+1))) with rho_j = lambda_j / sum lambda; or explicit ``thresholds`` (one per type id).
+
+Readings and departures:
+
+* Types are the workload's ``type_id``; l_j and l'_j are the type's mean prompt and mean
+  predicted output (fixed per type in the paper's workloads); lambda_j is the type's empirical
+  rate (count / arrival span), i.e. the paper's known rates, unless ``rates`` are given.
+* Stage of a resident prompt = tokens generated + 1 when prefill emits no token (the paper),
+  tokens generated when it does (then a prompt has l'_j stages instead of l'_j + 1).
+* A step where no type meets its threshold idles until the next arrival. End of horizon (not
+  in the paper): once no arrival is left, every type runs with min(n_j, count) per stage and no
+  threshold, so the queue drains (the companion code drops it; that would bias the metrics).
+* Overflow (M^pi > C, paged rounding, or restarts): the engine's LIFO preemption applies, in
+  the scenario's preemption mode (the paper: full restart).
+* fcfs-greedy-lifo: the evicted prompts re-enter at the head of the queue (the engine's rule;
+  the paper says "as new arrivals", which only matters when the queue does not fit at once); when
+  evicting every running prompt still leaves the queue too big, its head is admitted as far as
+  it fits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llmsched_gym.core.latency import LatencyModel, LinearKVLatency
+from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+from llmsched_gym.fluid import stage_memory, wait_thresholds_fluid, wait_thresholds_practical
+
+from .base import PolicyError, configure, register
+from .vllm import chunk_blocks, decode_blocks, held_blocks
+
+PAPER_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "restart"}
+
+
+@register("fcfs-greedy-lifo")
+class FCFSGreedyLIFO(Scheduler):
+    """Seed 003's FCFS: process everything at once, evict the newest running prompts on overflow."""
+
+    engine_overrides = PAPER_ENGINE
+
+    def __init__(self, **kwargs) -> None:
+        configure(self, kwargs)
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        bs = view.block_size
+        free = view.kv_free // bs
+        room = free
+        admit: list[int] = []
+        need = 0
+        for rid in view.waiting:
+            hit = view.prefix_match(rid)
+            c = chunk_blocks(view, rid, hit, int(view.prefill_target[rid]) - hit) + hit // bs
+            if c > room:
+                break
+            room -= c
+            need += c
+            admit.append(rid)
+        running = view.running
+        grow = {r: decode_blocks(view, r) for r in running}
+        need += sum(grow.values())
+        preempt: list[int] = []
+        n = len(running)
+        while need > free and n:
+            n -= 1
+            victim = running[n]
+            preempt.append(victim)
+            free += held_blocks(view, victim)
+            need -= grow[victim]
+        hold = not admit and not preempt
+        return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, preempt=preempt, hold=hold)
+
+
+def type_stats(view: EngineView, rates: list) -> list[tuple[float, float, float]]:
+    """``(lambda_j, l_j, l'_j)`` per type id 0..m-1: explicit ``rates`` or the empirical rate
+    (count / arrival span), the mean prompt and the mean predicted output of the type."""
+    wl = view.workload
+    tid = wl.type_id
+    m = int(tid.max()) + 1 if len(tid) else 1
+    counts = np.bincount(tid, minlength=m).astype(float)
+    seen = np.maximum(counts, 1.0)
+    prompt = np.bincount(tid, weights=wl.prompt_tokens, minlength=m) / seen
+    out = np.maximum(np.bincount(tid, weights=wl.predicted_output, minlength=m) / seen, 1.0)
+    if rates:
+        if len(rates) != m:
+            raise PolicyError(f"policy.rates: expected {m} rates (one per type id), got {len(rates)}")
+        lam = np.asarray(rates, dtype=float)
+    else:
+        span = float(wl.arrival_s[-1] - wl.arrival_s[0]) if len(tid) > 1 else 0.0
+        lam = np.maximum(counts, 1e-9) / (span if span > 0 else 1.0)
+    return list(zip(lam.tolist(), prompt.tolist(), out.tolist(), strict=True))
+
+
+def linear_coefficients(latency: LatencyModel, capacity: int, request_kv: float) -> tuple[float, float]:
+    """Eq. 1's ``(d0, d1)`` of the batch-time model: exact for ``linear``; otherwise the chord
+    between a one-request batch and a decode batch filling ``capacity`` with requests of
+    ``request_kv`` tokens (the operating range of memory-filling policies; our reading)."""
+    if isinstance(latency, LinearKVLatency):
+        return latency.d0, latency.d1
+    b = int(min(max(capacity // max(request_kv, 1.0), 1), capacity - 1))
+    t_small = float(latency.decode_times(1, np.array([1]))[0])
+    t_full = float(latency.decode_times(b, np.array([capacity - b]))[0])
+    d1 = max((t_full - t_small) / (capacity - 2), 0.0)
+    return max(t_small - 2 * d1, 1e-12), d1
+
+
+@register("wait")
+class WAIT(Scheduler):
+    """Algorithm 1: per-type, per-stage thresholds; a type advances only when its queue is full."""
+
+    params = {"rule": "fluid", "c": 0.0, "batch_size": 256, "thresholds": [], "rates": []}
+    engine_overrides = {"overflow": "preempt_lifo_recompute"}
+
+    RULES = ("fluid", "practical", "practical_literal", "explicit")
+
+    def __init__(self, **kwargs) -> None:
+        configure(self, kwargs)
+        if self.thresholds:
+            self.rule = "explicit"
+        if self.rule not in self.RULES:
+            raise PolicyError(f"policy.rule: {self.rule!r} is not one of {', '.join(self.RULES)}")
+        if self.rule == "explicit" and (not self.thresholds or min(int(x) for x in self.thresholds) < 1):
+            raise PolicyError(f"policy.thresholds: need one integer >= 1 per type id, got {self.thresholds!r}")
+        if self.c < 0:
+            raise PolicyError(f"policy.c: must be >= 0 seconds (0 = automatic), got {self.c}")
+        if self.batch_size < 1:
+            raise PolicyError(f"policy.batch_size: must be >= 1, got {self.batch_size}")
+        if any(float(r) <= 0 for r in self.rates):
+            raise PolicyError(f"policy.rates: must all be > 0, got {self.rates!r}")
+
+    def reset(self, config, rng) -> None:
+        super().reset(config, rng)
+        self.n: list[int] | None = None
+
+    def thresholds_for(self, view: EngineView) -> list[int]:
+        """Per-type thresholds n_j under ``rule`` (digest 2.3, via :mod:`llmsched_gym.fluid`)."""
+        if self.rule == "explicit":
+            m = int(view.workload.type_id.max()) + 1 if len(view.workload) else 1
+            if len(self.thresholds) < m:
+                raise PolicyError(f"policy.thresholds: expected {m} values (one per type id), got {len(self.thresholds)}")
+            return [int(x) for x in self.thresholds]
+        types = type_stats(view, self.rates)
+        if self.rule != "fluid":
+            literal = "paper_literal" if self.rule == "practical_literal" else "fluid_proportional"
+            return wait_thresholds_practical(types, self.batch_size, rule=literal).n_int
+        lam = np.array([t[0] for t in types])
+        if self.c:
+            return [max(1, math.ceil(self.c * x - 1e-9)) for x in lam]
+        a = stage_memory([t[1] for t in types], [t[2] for t in types])
+        cap = view.kv_capacity
+        mean_kv = float(np.sum(lam * a) / np.sum(lam * (np.array([t[2] for t in types]) + 1)))
+        d0, d1 = linear_coefficients(view.latency, cap, mean_kv)
+        try:
+            plan = wait_thresholds_fluid(types, d0, d1, cap)
+            if plan.memory_ok:
+                return plan.n_int
+        except ValueError:
+            pass  # d1 A >= 1: no equilibrium
+        # overloaded (C < M* or d1 A >= 1), Remark 1: c = C / A fills the memory
+        c_max = cap / float(np.sum(lam * a))
+        return [max(1, math.floor(c_max * x)) for x in lam]
+
+    def schedule(self, view: EngineView) -> BatchPlan:
+        n = self.n
+        if n is None:
+            n = self.n = self.thresholds_for(view)
+        tid = view.workload.type_id
+        queues: dict[int, list[int]] = {}
+        for rid in view.waiting:
+            queues.setdefault(int(tid[rid]), []).append(rid)
+        drain = view.next_arrival_s == math.inf
+        if drain:
+            ready = set(queues) | {int(tid[r]) for r in view.running}
+        else:
+            ready = {j for j, q in queues.items() if len(q) >= n[j]}
+            if not ready:
+                return BatchPlan.wait()
+        prefill = {rid: BatchPlan.FULL for j in ready if j in queues for rid in queues[j][: n[j]]}
+        gen = view.generated
+        taken: dict[tuple[int, int], int] = {}
+        pause = set()
+        for rid in view.running:
+            j = int(tid[rid])
+            if j in ready:
+                key = (j, int(gen[rid]))
+                k = taken.get(key, 0)
+                if k < n[j]:
+                    taken[key] = k + 1
+                    continue
+            pause.add(rid)
+        return BatchPlan(prefill=prefill, pause=pause, hold=not prefill and not pause)
