@@ -1,0 +1,7 @@
+"""Paper reproductions (``llmsched reproduce PAPER``) and optimality references (issue 7).
+
+Modules are imported on demand; see :mod:`llmsched_gym.reproduce.cli` and ``report``.
+"""
+
+PAPERS: tuple[str, ...] = ("jaillet", "echo", "vtc", "wait", "klpm")
+"""Papers ``llmsched reproduce`` knows (seeds 000-004)."""
