@@ -1,0 +1,146 @@
+"""A trained agent as a policy: load it from a run folder and play whole episodes on seeded workloads.
+
+A run folder (``runs/train/NAME``) holds ``model.zip`` (or ``best_model.zip``), the matching
+``vecnormalize.pkl`` and ``run.json`` (algorithm, env settings, seeds). :func:`run_episode` drives
+``LLMSched-v0`` with the agent on one seed until the workload is served, passing the action masks
+at every prediction, and returns the same summary/requests/iterations triple as ``simulate()``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENV_ID = "llmsched_gym:LLMSched-v0"
+
+
+def make_env(scenario: str, env_kwargs: dict[str, Any], overrides: dict[str, Any] | None = None,
+             max_episode_steps: int | None = None):
+    """``gymnasium.make`` of ``LLMSched-v0`` with the scenario, its ``--set`` overrides and the
+    env settings; ``max_episode_steps=None`` keeps the env's own default."""
+    import gymnasium as gym
+
+    kw = dict(env_kwargs)
+    if overrides:
+        kw["overrides"] = {**kw.get("overrides", {}), **overrides}
+    if max_episode_steps is not None:
+        kw["max_episode_steps"] = max_episode_steps
+    return gym.make(ENV_ID, scenario=scenario, **kw)
+
+
+def is_maskable(model: Any) -> bool:
+    from sb3_contrib import MaskablePPO
+
+    return isinstance(model, MaskablePPO)
+
+
+@dataclass
+class Agent:
+    """A model plus the observation normalisation it was trained with.
+
+    :ivar name: the label in reports (the run folder's name).
+    :ivar env_kwargs: the env settings it was trained with (action mode, admission, K, ...).
+    """
+
+    name: str
+    model: Any
+    vecnorm: Any = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    scenario: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def act(self, obs: Any, mask: np.ndarray | None, deterministic: bool = True) -> Any:
+        """The action for one observation (``mask``: ``env.action_masks()``, MaskablePPO only).
+
+        Equivalent to ``model.predict`` for one observation, without its per-call bookkeeping
+        (this runs once per env step in evaluations).
+        """
+        import torch
+        from gymnasium import spaces
+
+        if self.vecnorm is not None:
+            obs = self.vecnorm.normalize_obs(obs)
+        policy = self.model.policy
+        if isinstance(obs, dict):
+            obs_t: Any = {k: torch.as_tensor(v, dtype=torch.float32).unsqueeze(0) for k, v in obs.items()}
+        else:
+            obs_t = torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0)
+        with torch.no_grad():
+            if is_maskable(self.model):
+                a = policy._predict(obs_t, deterministic, action_masks=mask)
+            else:
+                a = policy._predict(obs_t, deterministic)
+        action = a.cpu().numpy()[0]
+        space = self.model.action_space
+        if isinstance(space, spaces.Box):
+            action = np.clip(action, space.low, space.high)
+        return action
+
+
+def load_agent(path: str | Path, best: bool = False) -> Agent:
+    """Load ``path`` (a run folder, or a model ``.zip`` inside one); ``best`` picks ``best_model.zip``."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    p = Path(path)
+    run_dir = p if p.is_dir() else p.parent
+    if p.is_dir():
+        names = ("best_model.zip", "model.zip") if best else ("model.zip", "best_model.zip")
+        model_path = next((run_dir / n for n in names if (run_dir / n).exists()), None)
+        if model_path is None:
+            raise FileNotFoundError(f"model: no model.zip or best_model.zip in {run_dir}")
+    else:
+        model_path = p
+    if not model_path.exists():
+        raise FileNotFoundError(f"model: {model_path} does not exist")
+    meta_path = run_dir / "run.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    algo = meta.get("algo", "maskable-ppo")
+    model = algo_class(algo).load(str(model_path), device="cpu")
+    model.policy.set_training_mode(False)
+    vecnorm = None
+    vn_path = model_path.with_name(model_path.stem.replace("model", "vecnormalize") + ".pkl")
+    if not vn_path.exists():
+        vn_path = run_dir / "vecnormalize.pkl"
+    if vn_path.exists():
+        import pickle
+
+        with vn_path.open("rb") as f:
+            vecnorm = pickle.load(f)
+        assert isinstance(vecnorm, VecNormalize)
+        vecnorm.training = False
+    return Agent(run_dir.name, model, vecnorm, meta.get("env_kwargs", {}), meta.get("scenario"),
+                 meta.get("overrides", {}))
+
+
+def algo_class(algo: str) -> Any:
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import PPO
+
+    classes = {"maskable-ppo": MaskablePPO, "ppo": PPO}
+    if algo not in classes:
+        raise ValueError(f"algo: {algo!r} is not one of {', '.join(classes)}")
+    return classes[algo]
+
+
+def run_episode(agent: Agent, env: Any, seed: int, deterministic: bool = True
+                ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Play one whole episode on workload ``seed``; returns (summary, requests, iterations)."""
+    from llmsched_gym.core.metrics import request_table
+
+    base = env.unwrapped
+    obs, info = env.reset(seed=seed)
+    done = False
+    while not done:
+        mask = base.action_masks() if is_maskable(agent.model) else None
+        action = agent.act(obs, mask, deterministic)
+        obs, _, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+    summary = dict(info["summary"])
+    engine = getattr(base, "engine", None)
+    requests = request_table(engine) if engine is not None else {}
+    iterations = engine.iteration_log() if engine is not None else {}
+    return summary, requests, iterations

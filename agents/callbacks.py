@@ -1,0 +1,166 @@
+"""Training callbacks: scheduling metrics in TensorBoard, score against the baselines, progress bar.
+
+Custom scalars (``tensorboard --logdir runs``), written at the end of every rollout:
+
+=====================================  ============================================================
+``sched/e2e_mean_s``, ``e2e_p99_s``    E2E latency of the episodes finished so far (mean over the
+``sched/ttft_mean_s``, ``ttft_p99_s``  episodes that finished during the rollout, or the last
+``sched/tpot_mean_s``, ``tpot_p99_s``  finished ones when none did), from ``info["summary"]``
+``sched/throughput_tokens_per_s``
+``sched/evictions``, ``sched/recomputed_tokens``, ``sched/completed_frac``
+``sched/slo_attainment``               only when the scenario has SLOs
+``sched/episodes``                     episodes finished since training began
+``eval/e2e_mean_s``, ``eval/ttft_p99_s``  the deterministic agent on the fixed evaluation workload
+``eval/rel_e2e_mean_vs_best``          agent / best baseline (< 1 = the agent is better)
+``eval/rel_ttft_p99_vs_best``          same for P99 TTFT
+=====================================  ============================================================
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+
+SUMMARY_SCALARS: list[tuple[str, Callable[[dict], float]]] = [
+    ("e2e_mean_s", lambda s: s["e2e_s"]["mean"]),
+    ("e2e_p99_s", lambda s: s["e2e_s"]["p99"]),
+    ("ttft_mean_s", lambda s: s["ttft_s"]["mean"]),
+    ("ttft_p99_s", lambda s: s["ttft_s"]["p99"]),
+    ("tpot_mean_s", lambda s: s["tpot_s"]["mean"]),
+    ("tpot_p99_s", lambda s: s["tpot_s"]["p99"]),
+    ("throughput_tokens_per_s", lambda s: s["throughput_tokens_per_s"]),
+    ("evictions", lambda s: float(s["evictions"])),
+    ("recomputed_tokens", lambda s: float(s["recomputed_tokens"])),
+    ("completed_frac", lambda s: s["n_completed"] / max(1, s["n_arrived"])),
+    ("slo_attainment", lambda s: s.get("slo_attainment", math.nan)),
+]
+
+
+class SummaryScalarsCallback(BaseCallback):
+    """Record the scheduling metrics of finished episodes (``info["summary"]``) every rollout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fresh: list[dict] = []
+        self._last: list[dict] = []
+        self.n_episodes = 0
+
+    def _on_step(self) -> bool:
+        for info in self.locals.get("infos", ()):
+            s = info.get("summary")
+            if s is not None:
+                self._fresh.append(s)
+                self.n_episodes += 1
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self._fresh:
+            self._last, self._fresh = self._fresh, []
+        if not self._last:
+            return
+        for key, get in SUMMARY_SCALARS:
+            vals = [float(get(s)) for s in self._last]
+            vals = [v for v in vals if np.isfinite(v)]
+            if vals:
+                self.logger.record(f"sched/{key}", float(np.mean(vals)))
+        self.logger.record("sched/episodes", self.n_episodes)
+
+
+class BaselineScoreCallback(BaseCallback):
+    """Every ``every`` rollouts, play the agent deterministically on a fixed workload and record its
+    E2E mean and P99 TTFT relative to the best baseline on the same workload (computed once).
+    With ``save_dir``, the model with the best relative E2E so far is saved there as
+    ``best_model.zip`` with its normalisation (``best_vecnormalize.pkl``).
+
+    :param evaluate: ``model -> summary`` on the fixed workload (uses the current normalisation).
+    :param baselines: ``{name: summary}`` of the baselines on that workload.
+    """
+
+    def __init__(self, evaluate: Callable[[Any], dict], baselines: dict[str, dict], every: int = 1,
+                 save_dir: Path | None = None, vecnorm: Any = None) -> None:
+        super().__init__()
+        self.evaluate = evaluate
+        self.every = max(1, int(every))
+        self.best = {key: best_value(baselines, get) for key, get in
+                     (("e2e_mean_s", SUMMARY_SCALARS[0][1]), ("ttft_p99_s", SUMMARY_SCALARS[3][1]))}
+        self.save_dir, self.vecnorm = save_dir, vecnorm
+        self.best_rel = math.inf
+        self._rollouts = 0
+        self.last: dict[str, float] = {}
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self._rollouts += 1
+        if (self._rollouts - 1) % self.every:
+            return
+        s = self.evaluate(self.model)
+        done = s["n_completed"] / max(1, s["n_arrived"])
+        self.last = {"e2e_mean_s": s["e2e_s"]["mean"], "ttft_p99_s": s["ttft_s"]["p99"], "completed_frac": done}
+        for key in ("e2e_mean_s", "ttft_p99_s"):
+            best = self.best[key]
+            # an agent that leaves requests unserved has no comparable latency: count it as 10x worse
+            self.last[f"rel_{key}_vs_best"] = self.last[key] / best if done >= 0.99 and best > 0 else 10.0
+        for key, value in self.last.items():
+            self.logger.record(f"eval/{key}", float(value))
+        if self.save_dir is not None and self.last["rel_e2e_mean_s_vs_best"] < self.best_rel:
+            self.best_rel = self.last["rel_e2e_mean_s_vs_best"]
+            self.save_best()
+
+    def save_best(self) -> None:
+        """Save the current model as the best one (and its normalisation statistics)."""
+        assert self.save_dir is not None
+        self.model.save(str(self.save_dir / "best_model.zip"))
+        if self.vecnorm is not None:
+            self.vecnorm.save(str(self.save_dir / "best_vecnormalize.pkl"))
+
+
+def best_value(summaries: dict[str, dict], get: Callable[[dict], float]) -> float:
+    """The lowest value of a latency metric over baselines that completed their workload."""
+    vals = [get(s) for s in summaries.values() if s["n_completed"] >= 0.99 * s["n_arrived"]]
+    vals = [v for v in vals if np.isfinite(v)]
+    return float(min(vals)) if vals else math.nan
+
+
+class RichProgressCallback(BaseCallback):
+    """A rich progress bar over the timesteps of this ``learn`` call (tqdm is not required)."""
+
+    def __init__(self, score: BaselineScoreCallback | None = None) -> None:
+        super().__init__()
+        self.score = score
+
+    def _on_training_start(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[note]}"))
+        self.progress.start()
+        total = self.locals["total_timesteps"] - self.model.num_timesteps
+        self.task = self.progress.add_task("train", total=total, note="")
+        self._t0 = time.perf_counter()
+
+    def _on_step(self) -> bool:
+        self.progress.advance(self.task, self.training_env.num_envs)
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if self.score is not None and self.score.last:
+            rel = self.score.last.get("rel_e2e_mean_s_vs_best", math.nan)
+            self.progress.update(self.task, note=f"E2E vs best baseline x{rel:.3f}")
+
+    def _on_training_end(self) -> None:
+        self.progress.stop()

@@ -1,0 +1,158 @@
+"""``llmsched train | evaluate | compare`` (added to the main CLI by ``add_subcommands``).
+
+The RL stack (torch, stable-baselines3, matplotlib) is imported inside the command functions only,
+so ``llmsched list`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def _sets(items: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    from llmsched_gym.cli import _parse_sets, _split_policy_sets
+
+    return _split_policy_sets(_parse_sets(items))
+
+
+def _kv(items: list[str] | None, flag: str) -> dict[str, Any]:
+    from llmsched_gym.core.scenarios import parse_value
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"{flag} {item}: expected key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = parse_value(v)
+    return out
+
+
+def _loads(text: str) -> list[float]:
+    try:
+        loads = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"loads: {text!r} is not a list of numbers like 0.8,1,1.2") from None
+    if not loads or any(x <= 0 for x in loads):
+        raise ValueError(f"loads: {text!r} must be positive numbers")
+    return loads
+
+
+def _policies(text: str | None) -> list[str]:
+    from baselines import available
+
+    if text is None or text == "all":
+        return available()
+    if text == "none":
+        return []
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in available()]
+    if unknown:
+        raise ValueError(f"policies: unknown {unknown[0]!r}; allowed: all, none, {', '.join(available())}")
+    return names
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from agents.train import TrainConfig, train
+
+    overrides, _ = _sets(args.set)
+    env_kwargs = {"action_mode": args.action_mode, "admission": args.admission, "K": args.K}
+    cfg = TrainConfig(
+        scenario=args.scenario, name=args.name, out=args.out, algo=args.algo, timesteps=args.timesteps,
+        seed=args.seed, n_envs=args.n_envs, vec=args.vec, overrides=overrides,
+        env_kwargs={k: v for k, v in env_kwargs.items() if v is not None},
+        hyperparams=_kv(args.hp, "--hp"), hyperparams_file=args.hyperparams, bc_from=args.bc_from,
+        bc_episodes=args.bc_episodes, bc_epochs=args.bc_epochs, resume=args.resume,
+        checkpoint_every=args.checkpoint_every, score_every=args.score_every, progress=not args.no_progress,
+        torch_threads=args.threads,
+    )
+    meta = train(cfg)
+    v = meta["validation"]
+    print(f"trained {meta['name']}: {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s "
+          f"({meta['episodes']} episodes); saved in {Path(args.out) / meta['name']}")
+    if v["final_agent"]:
+        print(f"validation (seed 99): agent E2E mean {v['final_agent']['e2e_mean_s']:.4g}s, "
+              f"best rel. to the best baseline x{v['best_rel_e2e_mean_vs_best']:.3f}")
+    return 0
+
+
+def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str) -> int:
+    from agents.evaluate import compare
+    from agents.report import parse_seeds
+
+    overrides, policy_params = _sets(args.set)
+    scenario = args.scenario
+    if scenario is None:
+        import json
+
+        runs = [Path(m) if Path(m).is_dir() else Path(m).parent for m in models]
+        metas = [json.loads((r / "run.json").read_text()) for r in runs if (r / "run.json").exists()]
+        if not metas:
+            raise ValueError("scenario: give --scenario (no run.json names one)")
+        scenario = metas[0]["scenario"]
+    out = args.out or str(Path(default_out) / (Path(models[0]).name if models else scenario))
+    compare(scenario, parse_seeds(args.seeds), _loads(args.loads), _policies(args.policies), models, overrides,
+            policy_params, out, plots=not args.no_plots, best=getattr(args, "best", False), quiet=args.quiet)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    return _evaluate_like(args, args.model or [], "runs/eval")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    return _evaluate_like(args, [], "runs/compare")
+
+
+def _common_eval(sp: argparse.ArgumentParser, seeds: str, policies: str | None) -> None:
+    sp.add_argument("--seeds", default=seeds, help="workload seeds, e.g. 100-104 or 1,3,5")
+    sp.add_argument("--loads", default="1", help="arrival-rate multipliers, e.g. 0.8,1,1.2")
+    sp.add_argument("--policies", default=policies, help="baselines: comma list, 'all' or 'none'")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="scenario override (workload.X, engine.X, latency) or policy.X for the baselines that take X")
+    sp.add_argument("--out", default=None, help="report folder")
+    sp.add_argument("--no-plots", action="store_true")
+    sp.add_argument("--quiet", action="store_true")
+
+
+def add_subcommands(sub: Any) -> None:
+    """Add ``train``, ``evaluate`` and ``compare`` to the main ``llmsched`` parser."""
+    sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v0")
+    sp.add_argument("--scenario", default="jaillet-low")
+    sp.add_argument("--name", default=None, help="run name (default SCENARIO-MODE-sSEED)")
+    sp.add_argument("--out", default="runs/train")
+    sp.add_argument("--algo", default=None, choices=["maskable-ppo", "ppo"],
+                    help="default: maskable-ppo, ppo for the priority/knob modes")
+    sp.add_argument("--timesteps", type=int, default=None)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--n-envs", type=int, default=None)
+    sp.add_argument("--vec", default="dummy", choices=["dummy", "subproc"])
+    sp.add_argument("--action-mode", default=None, choices=["select", "subset", "priority", "knob"])
+    sp.add_argument("--admission", default=None, choices=["current", "future", "none"])
+    sp.add_argument("--K", type=int, default=None, help="queue slots")
+    sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="scenario override for training episodes")
+    sp.add_argument("--hp", action="append", metavar="KEY=VALUE", help="hyperparameter override (n_steps=256)")
+    sp.add_argument("--hyperparams", default=None, help="a YAML file instead of agents/hyperparams/ALGO.yml")
+    sp.add_argument("--bc-from", default=None, metavar="POLICY", help="behaviour-clone this baseline first")
+    sp.add_argument("--bc-episodes", type=int, default=4)
+    sp.add_argument("--bc-epochs", type=int, default=10)
+    sp.add_argument("--resume", default=None, help="checkpoint .zip (or run folder) to continue from")
+    sp.add_argument("--checkpoint-every", type=int, default=10_000, help="timesteps between checkpoints")
+    sp.add_argument("--score-every", type=int, default=1,
+                    help="rollouts between validation scores against the baselines (0 = never)")
+    sp.add_argument("--threads", type=int, default=1, help="torch threads")
+    sp.add_argument("--no-progress", action="store_true")
+    sp.set_defaults(func=cmd_train)
+
+    sp = sub.add_parser("evaluate", help="agents and baselines on held-out seeds, with a report")
+    sp.add_argument("--model", action="append", help="run folder or model .zip (repeatable)")
+    sp.add_argument("--scenario", default=None, help="default: the model's training scenario")
+    sp.add_argument("--best", action="store_true", help="use best_model.zip instead of model.zip")
+    _common_eval(sp, "100-104", "all")
+    sp.set_defaults(func=cmd_evaluate)
+
+    sp = sub.add_parser("compare", help="baselines on the same seeded workloads, with a report")
+    sp.add_argument("--scenario", default="azure-conv")
+    _common_eval(sp, "0-4", "all")
+    sp.set_defaults(func=cmd_compare)

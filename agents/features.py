@@ -1,0 +1,81 @@
+"""The default policy network's features extractor: a set encoder for the queue slots.
+
+``queue`` (K x F, or flattened slot by slot) goes through one per-slot MLP shared by every slot (Deep Sets); the slot
+embeddings are pooled by mean and max over the occupied slots, which is invariant to the order of
+the requests. ``running`` and ``globals`` get their own small MLPs. The features are::
+
+    [ mean-pool | max-pool | running MLP | globals MLP | per-slot scores (K x slot_out) ]
+
+The last block keeps a small projection of every slot in slot order so that the action head can
+point at a slot (``select``/``subset``/``priority`` modes need per-slot logits; a pooled vector
+alone cannot say which slot is best). It is equivariant (same weights for every slot); set
+``slot_out=0`` for a fully permutation-invariant extractor (``knob`` mode).
+
+Empty slots are the env's zero rows: they are excluded from the pools and their slot scores are
+zero. The queue must therefore not be shifted by observation normalisation (the env already
+normalises its features; ``VecNormalize`` is applied to ``running`` and ``globals`` only).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+from torch import nn
+
+
+def _mlp(n_in: int, sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for n_out in sizes:
+        layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        n_in = n_out
+    return nn.Sequential(*layers)
+
+
+class QueueSetExtractor(BaseFeaturesExtractor):
+    """Shared per-slot MLP + mean/max pooling for ``queue``, MLPs for ``running`` and ``globals``.
+
+    :param observation_space: the env's ``Dict`` space with ``queue`` (K x F), ``running`` and
+        ``globals`` Boxes.
+    :param slot_hidden: sizes of the shared per-slot MLP.
+    :param context_hidden: sizes of the ``running`` and ``globals`` MLPs.
+    :param slot_out: per-slot features kept in slot order (0 = permutation-invariant output).
+    """
+
+    def __init__(self, observation_space: gym.spaces.Dict, slot_hidden: tuple[int, ...] = (64, 64),
+                 context_hidden: tuple[int, ...] = (32,), slot_out: int = 4) -> None:
+        for key in ("queue", "running", "globals"):
+            if key not in observation_space.spaces:
+                raise ValueError(f"policy_kwargs: QueueSetExtractor needs a Dict observation with {key!r} "
+                                 "(use the env without flat=True)")
+        qshape = observation_space["queue"].shape
+        if len(qshape) == 2:
+            k, f = qshape
+        else:  # the env flattens the K x F table slot by slot
+            from llmsched_gym.env.observation import QUEUE_FEATURES
+
+            f = len(QUEUE_FEATURES)
+            k = int(qshape[0]) // f
+        n_run = int(observation_space["running"].shape[0])
+        n_glob = int(observation_space["globals"].shape[0])
+        d = slot_hidden[-1]
+        c = context_hidden[-1]
+        super().__init__(observation_space, features_dim=2 * d + 2 * c + k * slot_out)
+        self.n_slots, self.n_slot_features = int(k), int(f)
+        self.slot = _mlp(f, list(slot_hidden))
+        self.slot_score = nn.Linear(d, slot_out) if slot_out else None
+        self.running = _mlp(n_run, list(context_hidden))
+        self.globals = _mlp(n_glob, list(context_hidden))
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        q = obs["queue"].reshape(-1, self.n_slots, self.n_slot_features)
+        occupied = (q.abs().sum(-1, keepdim=True) > 0).to(q.dtype)  # (B, K, 1)
+        h = self.slot(q) * occupied
+        n = occupied.sum(1).clamp(min=1.0)
+        mean = h.sum(1) / n
+        # embeddings are >= 0 after ReLU, so zeroed empty slots never win the max
+        mx = h.max(1).values
+        parts = [mean, mx, self.running(obs["running"]), self.globals(obs["globals"])]
+        if self.slot_score is not None:
+            parts.append((self.slot_score(h) * occupied).flatten(1))
+        return torch.cat(parts, dim=1)

@@ -1,0 +1,385 @@
+"""Comparison runs and their report: policies on the same seeded workloads, means with 95% CIs.
+
+One :class:`RunRecord` per (policy, load level, seed) keeps the summary JSON plus what the plots
+need (per-request E2E/TTFT, KV usage over time). :func:`aggregate` turns records into means and
+t-distribution 95% confidence intervals; :func:`write_report` writes ``report.md``,
+``results.json``, ``results.csv`` and the PNG plots (matplotlib, Agg backend) into one folder.
+
+Baselines run through :func:`llmsched_gym.sim.simulate` exactly as ``llmsched run`` does, so the
+numbers of a baseline here equal ``llmsched run --policy P --seed S`` for the same settings.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# (key, label, getter, lower is better)
+METRICS: list[tuple[str, str, Callable[[dict], float], bool]] = [
+    ("e2e_mean_s", "E2E mean (s)", lambda s: s["e2e_s"]["mean"], True),
+    ("e2e_p99_s", "E2E p99 (s)", lambda s: s["e2e_s"]["p99"], True),
+    ("ttft_mean_s", "TTFT mean (s)", lambda s: s["ttft_s"]["mean"], True),
+    ("ttft_p99_s", "TTFT p99 (s)", lambda s: s["ttft_s"]["p99"], True),
+    ("tpot_mean_ms", "TPOT mean (ms)", lambda s: 1000.0 * s["tpot_s"]["mean"], True),
+    ("throughput_tokens_per_s", "tokens/s", lambda s: s["throughput_tokens_per_s"], False),
+    ("completed_frac", "completed", lambda s: s["n_completed"] / max(1, s["n_arrived"]), False),
+    ("preemptions", "evictions", lambda s: float(s["preemptions"]), True),
+    ("recomputed_tokens", "recomputed tok", lambda s: float(s["recomputed_tokens"]), True),
+    ("slo_attainment", "SLO attain.", lambda s: s.get("slo_attainment", math.nan), False),
+]
+METRIC_KEYS = [m[0] for m in METRICS]
+COMPLETE_FRAC = 0.99
+
+
+@dataclass
+class RunRecord:
+    """One policy on one seeded workload at one load level."""
+
+    policy: str
+    seed: int
+    load: float
+    summary: dict[str, Any]
+    e2e_s: np.ndarray = field(repr=False)
+    ttft_s: np.ndarray = field(repr=False)
+    t_s: np.ndarray = field(repr=False)
+    kv_frac: np.ndarray = field(repr=False)
+
+    def metrics(self) -> dict[str, float]:
+        return {k: float(get(self.summary)) for k, _, get, _ in METRICS}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"1,5,7-8"`` -> [1, 5, 7, 8]."""
+    seeds: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            lo, _, hi = part.partition("-")
+            seeds.extend(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ValueError(f"seeds: {text!r} is not a list like 0-4 or 1,3,5") from None
+    if not seeds:
+        raise ValueError(f"seeds: {text!r} names no seed")
+    return seeds
+
+
+def scenario_spec(scenario: str | dict, overrides: dict[str, Any] | None = None, load: float = 1.0) -> dict:
+    """The scenario dict with ``overrides`` applied and the arrival rate scaled by ``load``."""
+    from llmsched_gym.core.scenarios import get_scenario
+
+    spec = get_scenario(scenario, overrides) if isinstance(scenario, str) else scenario
+    if load != 1.0:
+        arrival = spec.get("workload", {}).get("arrival")
+        key = next((k for k in ("rate", "mean_rate") if isinstance(arrival, dict) and k in arrival), None)
+        if key is None:
+            raise ValueError(f"loads: scenario {spec.get('name')!r} has no workload.arrival.rate to scale")
+        arrival[key] = float(arrival[key]) * load
+    return spec
+
+
+def spec_for_policy(spec: dict, name: str) -> dict:
+    """``spec`` for running policy ``name``: the scenario's default-policy parameters (e.g. the
+    jaillet scenarios' ``fcfs`` with ``admission=reserve``) apply only to that policy."""
+    pol = spec.get("policy")
+    if isinstance(pol, dict) and pol.get("name") not in (None, name):
+        spec = {**spec, "policy": pol["name"]}
+    return spec
+
+
+def record_from_result(name: str, seed: int, load: float, summary: dict, requests: dict, iterations: dict) -> RunRecord:
+    cap = max(1, int(summary.get("kv_capacity_tokens", 1)))
+    t = np.asarray(iterations.get("t_start", np.empty(0)), dtype=float)
+    kv = np.asarray(iterations.get("kv_used", np.empty(0)), dtype=float) / cap
+    e2e = np.asarray(requests.get("e2e_s", np.empty(0)), dtype=float)
+    ttft = np.asarray(requests.get("ttft_s", np.empty(0)), dtype=float)
+    return RunRecord(name, seed, load, summary, e2e[np.isfinite(e2e)], ttft[np.isfinite(ttft)], t, kv)
+
+
+def run_baseline(spec: dict, name: str, seed: int, load: float = 1.0,
+                 policy_params: dict[str, Any] | None = None) -> RunRecord:
+    """Simulate baseline ``name`` on ``spec`` with ``seed`` (the same call ``llmsched run`` makes)."""
+    from llmsched_gym.sim import simulate
+
+    res = simulate(spec_for_policy(spec, name), name, seed, None, policy_params or None)
+    return record_from_result(name, seed, load, res.summary, res.requests, res.iterations)
+
+
+def params_for(name: str, policy_params: dict[str, Any]) -> dict[str, Any]:
+    """The ``--set policy.X`` values that policy ``name`` accepts (the others are for other policies)."""
+    from baselines import REGISTRY, available
+
+    available()
+    accepted = REGISTRY[name].params if name in REGISTRY else {}
+    return {k: v for k, v in policy_params.items() if k in accepted}
+
+
+def run_baselines(scenario: str | dict, names: Iterable[str], seeds: list[int], loads: list[float],
+                  overrides: dict[str, Any] | None = None, policy_params: dict[str, Any] | None = None,
+                  progress: Callable[[str], None] | None = None) -> tuple[list[RunRecord], dict[str, str]]:
+    """Every baseline in ``names`` on every (load, seed); a baseline that refuses the scenario
+    (a PolicyError, or any error of a policy that cannot run it) is skipped with its reason."""
+    records: list[RunRecord] = []
+    skipped: dict[str, str] = {}
+    for load in loads:
+        for name in names:
+            if name in skipped:
+                continue
+            for seed in seeds:
+                spec = scenario_spec(scenario, overrides, load)
+                try:
+                    records.append(run_baseline(spec, name, seed, load, params_for(name, policy_params or {})))
+                except Exception as e:  # noqa: BLE001 (a baseline that cannot run here is reported, not fatal)
+                    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    skipped[name] = f"{type(e).__name__}: {msg}"
+                    records = [r for r in records if r.policy != name]
+                    break
+            if progress and name not in skipped:
+                progress(f"{name} x{len(seeds)} seeds at load {load:g}")
+    return records, skipped
+
+
+def mean_ci(x: Iterable[float]) -> tuple[float, float, int]:
+    """Mean and the half-width of its 95% t-interval (nan with fewer than 2 finite values)."""
+    from scipy import stats
+
+    a = np.asarray([v for v in x if np.isfinite(v)], dtype=float)
+    n = len(a)
+    if n == 0:
+        return math.nan, math.nan, 0
+    if n == 1:
+        return float(a[0]), math.nan, 1
+    half = float(stats.t.ppf(0.975, n - 1) * a.std(ddof=1) / math.sqrt(n))
+    return float(a.mean()), half, n
+
+
+def aggregate(records: list[RunRecord]) -> dict[float, dict[str, dict[str, dict[str, float]]]]:
+    """``{load: {policy: {metric: {"mean", "ci95", "n"}}}}`` over seeds."""
+    out: dict[float, dict[str, dict[str, dict[str, float]]]] = {}
+    groups: dict[tuple[float, str], list[RunRecord]] = {}
+    for r in records:
+        groups.setdefault((r.load, r.policy), []).append(r)
+    for (load, pol), recs in groups.items():
+        ms = [r.metrics() for r in recs]
+        out.setdefault(load, {})[pol] = {
+            k: dict(zip(("mean", "ci95", "n"), mean_ci(m[k] for m in ms), strict=True)) for k in METRIC_KEYS
+        }
+    return out
+
+
+def best_policy(agg_load: dict[str, dict[str, dict[str, float]]], metric: str, exclude: Iterable[str] = ()) -> str | None:
+    """The policy with the best mean ``metric`` at one load level (ties: the first). Latencies
+    cover completed requests only, so a policy that completes less than ``COMPLETE_FRAC`` of the
+    requests (e.g. one that rejects them) is not eligible."""
+    lower = next(m[3] for m in METRICS if m[0] == metric)
+    cands = [(v[metric]["mean"], p) for p, v in agg_load.items()
+             if p not in set(exclude) and np.isfinite(v[metric]["mean"])
+             and v["completed_frac"]["mean"] >= COMPLETE_FRAC]
+    if not cands:
+        return None
+    return (min if lower else max)(cands)[1]
+
+
+def _cell(v: dict[str, float], key: str) -> str:
+    m, h = v["mean"], v["ci95"]
+    if not np.isfinite(m):
+        return "-"
+    digits = 0 if key in ("preemptions", "recomputed_tokens", "throughput_tokens_per_s") else 3
+    if not np.isfinite(h):
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ± {h:.{digits}f}"
+
+
+def visible_metrics(agg: dict) -> list[tuple[str, str]]:
+    """Metric columns that have a value for at least one policy (SLO attainment needs SLOs)."""
+    cols = []
+    for key, label, _, _ in METRICS:
+        if any(np.isfinite(v[key]["mean"]) for per in agg.values() for v in per.values()):
+            cols.append((key, label))
+    return cols
+
+
+def markdown_tables(agg: dict, agents: Iterable[str] = ()) -> str:
+    """One markdown table per load level; the best mean per column is bold."""
+    agents = set(agents)
+    cols = visible_metrics(agg)
+    lines: list[str] = []
+    for load in sorted(agg):
+        per = agg[load]
+        lines += [f"### load x{load:g}", "", "| policy | " + " | ".join(lbl for _, lbl in cols) + " |",
+                  "|---|" + "---:|" * len(cols)]
+        best = {k: best_policy(per, k) for k, _ in cols}
+        order = sorted(per, key=lambda p: (p not in agents, per[p]["e2e_mean_s"]["mean"]))
+        for p in order:
+            cells = []
+            for k, _ in cols:
+                c = _cell(per[p][k], k)
+                cells.append(f"**{c}**" if best[k] == p else c)
+            name = f"**{p}** (agent)" if p in agents else p
+            if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC:
+                name += " †"
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def agent_vs_best(agg: dict, agents: Iterable[str], metrics: Iterable[str] = ("e2e_mean_s", "ttft_p99_s")) -> list[str]:
+    """Lines such as ``load x1: ppo E2E mean 15.2 vs best baseline mcsf 15.8 (-3.8%)``."""
+    agents = list(agents)
+    out = []
+    for load in sorted(agg):
+        per = agg[load]
+        for a in agents:
+            if a not in per:
+                continue
+            for m in metrics:
+                b = best_policy(per, m, exclude=agents)
+                if b is None:
+                    continue
+                va, vb = per[a][m]["mean"], per[b][m]["mean"]
+                rel = 100.0 * (va - vb) / vb if vb else math.nan
+                out.append(f"load x{load:g}: {a} {m} {va:.4g} vs best baseline {b} {vb:.4g} ({rel:+.1f}%)")
+    return out
+
+
+def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ()) -> list[Path]:
+    """Latency CDFs, KV usage over time (first seed) and a bar chart per metric, per load level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agents = set(agents)
+    agg = aggregate(records)
+    paths: list[Path] = []
+    for load in sorted(agg):
+        recs = [r for r in records if r.load == load]
+        pols = sorted({r.policy for r in recs}, key=lambda p: (p not in agents, p))
+        tag = f"load{load:g}".replace(".", "p")
+
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, attr, title in ((axes[0], "e2e_s", "E2E latency"), (axes[1], "ttft_s", "TTFT")):
+            for p in pols:
+                x = np.sort(np.concatenate([getattr(r, attr) for r in recs if r.policy == p]))
+                if len(x):
+                    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=p, lw=2.2 if p in agents else 1.2)
+            ax.set_xscale("symlog", linthresh=0.1)
+            ax.set_xlabel("seconds")
+            ax.set_ylabel("CDF")
+            ax.set_title(f"{title} (all seeds, load x{load:g})")
+            ax.grid(alpha=0.3)
+        axes[1].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        paths.append(out / f"cdf_{tag}.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(11, 4))
+        first_seed = min(r.seed for r in recs)
+        for p in pols:
+            r = next((r for r in recs if r.policy == p and r.seed == first_seed), None)
+            if r is not None and len(r.t_s):
+                ax.plot(r.t_s, r.kv_frac, label=p, lw=1.6 if p in agents else 0.8)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("KV used / capacity")
+        ax.set_title(f"KV usage over time (seed {first_seed}, load x{load:g})")
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        paths.append(out / f"kv_{tag}.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+
+        cols = visible_metrics({load: agg[load]})
+        ncol = 3
+        nrow = -(-len(cols) // ncol)
+        fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
+        for ax, (key, label) in zip(axes.flat, cols, strict=False):
+            means = [agg[load][p][key]["mean"] for p in pols]
+            errs = [np.nan_to_num(agg[load][p][key]["ci95"]) for p in pols]
+            colors = ["tab:red" if p in agents else "tab:blue" for p in pols]
+            ax.bar(range(len(pols)), means, yerr=errs, color=colors, capsize=2)
+            ax.set_xticks(range(len(pols)))
+            ax.set_xticklabels(pols, rotation=60, ha="right", fontsize=7)
+            ax.set_title(label, fontsize=9)
+        for ax in list(axes.flat)[len(cols):]:
+            ax.axis("off")
+        fig.suptitle(f"means with 95% CI (load x{load:g})")
+        fig.tight_layout()
+        paths.append(out / f"bars_{tag}.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any],
+                 skipped: dict[str, str] | None = None, agents: Iterable[str] = (), plots: bool = True) -> dict:
+    """Write ``report.md``, ``results.json``, ``results.csv`` and the plots into ``out``; returns
+    the results dict."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    agents = list(agents)
+    agg = aggregate(records)
+    skipped = skipped or {}
+    results = {
+        **meta,
+        "agents": agents,
+        "skipped": skipped,
+        "aggregate": {f"{load:g}": per for load, per in agg.items()},
+        "runs": [{"policy": r.policy, "seed": r.seed, "load": r.load, "metrics": r.metrics(), "summary": r.summary}
+                 for r in records],
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["load", "policy", "metric", "mean", "ci95_low", "ci95_high", "n"])
+        for load in sorted(agg):
+            for pol, per in agg[load].items():
+                for k in METRIC_KEYS:
+                    m, h, n = per[k]["mean"], per[k]["ci95"], per[k]["n"]
+                    w.writerow([f"{load:g}", pol, k, m, m - h, m + h, n])
+    pngs = write_plots(records, out, agents) if plots else []
+    md = [f"# {meta.get('scenario', '')}: policies on identical seeded workloads", "",
+          f"seeds {meta.get('seeds')}, loads {meta.get('loads')}, overrides `{meta.get('overrides') or {}}`; "
+          "mean ± 95% CI half-width (t-distribution over seeds); best mean per column in bold.", ""]
+    lines = agent_vs_best(agg, agents)
+    if lines:
+        md += ["## Agent vs the best baseline", ""] + [f"- {x}" for x in lines] + [""]
+    md += ["## Results", "", markdown_tables(agg, agents),
+           f"† completed fewer than {COMPLETE_FRAC:.0%} of the requests: its latencies cover the completed "
+           "ones only, so it is not eligible for best.", ""]
+    if skipped:
+        md += ["## Skipped (not applicable)", ""] + [f"- `{k}`: {v}" for k, v in skipped.items()] + [""]
+    if pngs:
+        md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
+    (out / "report.md").write_text("\n".join(md))
+    return results
+
+
+def print_table(agg: dict, agents: Iterable[str] = (), title: str = "") -> None:
+    """The comparison as rich tables (one per load level)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    agents = set(agents)
+    con = Console(width=200)
+    cols = visible_metrics(agg)
+    for load in sorted(agg):
+        per = agg[load]
+        t = Table(title=f"{title} load x{load:g} (mean ± 95% CI)")
+        t.add_column("policy")
+        for _, lbl in cols:
+            t.add_column(lbl, justify="right")
+        best = {k: best_policy(per, k) for k, _ in cols}
+        for p in sorted(per, key=lambda p: (p not in agents, per[p]["e2e_mean_s"]["mean"])):
+            cells = [(f"[bold]{_cell(per[p][k], k)}[/bold]" if best[k] == p else _cell(per[p][k], k)) for k, _ in cols]
+            t.add_row(f"[red]{p}[/red]" if p in agents else p, *cells)
+        con.print(t)

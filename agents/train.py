@@ -1,0 +1,357 @@
+"""Train a PPO agent on ``LLMSched-v0`` (``llmsched train``), top to bottom:
+
+1. settings: :class:`TrainConfig` (command line) over the scenario's entry of
+   ``agents/hyperparams/{maskable_ppo,ppo}.yml`` (rl-zoo layout);
+2. vectorised envs (``DummyVecEnv`` or ``SubprocVecEnv``) on training workloads whose seeds are
+   disjoint from the validation workload (seed 99) and the default held-out test seeds (100-104);
+   ``VecNormalize`` on the ``running`` and ``globals`` observations and on the reward;
+3. the model: ``MaskablePPO`` (``select``/``subset``) or ``PPO`` (``priority``/``knob``) with the
+   :class:`~agents.features.QueueSetExtractor`, or a checkpoint to resume;
+4. optional behaviour cloning (``--bc-from POLICY``) on demonstrations from ``env.expert_action``;
+5. ``learn`` with checkpoints, TensorBoard scalars, the validation score against every baseline
+   (best model kept) and a progress bar; ``model.zip`` + ``vecnormalize.pkl`` + ``run.json``.
+
+Outputs in ``runs/train/NAME/``: ``model.zip``, ``vecnormalize.pkl``, ``best_model.zip``,
+``best_vecnormalize.pkl``, ``checkpoints/model_N_steps.zip`` (+ ``model_vecnormalize_N_steps.pkl``),
+``tb/`` (TensorBoard) and ``run.json`` (settings, seeds, baselines, final scores, wall time).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from agents.agent import Agent, algo_class, make_env, run_episode
+
+HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
+VALIDATION_SEED = 99
+TRAIN_SEED_BASE = 1000
+PPO_KEYS = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "learning_rate", "ent_coef",
+            "clip_range", "vf_coef", "max_grad_norm")
+
+
+@dataclass
+class TrainConfig:
+    """What ``llmsched train`` takes; ``None`` means "from the hyperparameter file".
+
+    :param env_kwargs: env settings over the file's (``action_mode``, ``admission``, ``K``, ...).
+    :param overrides: scenario ``--set`` overrides over the file's ``env_kwargs.overrides``.
+    :param hyperparams: ``--hp key=value`` over the file's entry (``n_steps``, ``learning_rate``...).
+    :param bc_from: a baseline whose ``expert_action`` demonstrations pre-train the policy.
+    :param resume: a checkpoint (``.zip``) or run folder to continue from.
+    :param score_every: rollouts between validation scores against the baselines (0 = never).
+    """
+
+    scenario: str = "jaillet-low"
+    name: str | None = None
+    out: str = "runs/train"
+    algo: str | None = None
+    timesteps: int | None = None
+    seed: int = 0
+    n_envs: int | None = None
+    vec: str = "dummy"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    hyperparams: dict[str, Any] = field(default_factory=dict)
+    hyperparams_file: str | None = None
+    bc_from: str | None = None
+    bc_episodes: int = 4
+    bc_epochs: int = 10
+    resume: str | None = None
+    checkpoint_every: int = 10_000
+    score_every: int = 1
+    validation_requests: int | None = None
+    progress: bool = True
+    torch_threads: int = 1
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def default_algo(action_mode: str) -> str:
+    return "ppo" if action_mode in ("priority", "knob") else "maskable-ppo"
+
+
+def load_hyperparams(scenario: str, algo: str, path: str | None = None) -> dict[str, Any]:
+    """The ``default`` entry of the algorithm's YAML with the scenario's entry merged over it."""
+    p = Path(path) if path else HYPERPARAMS_DIR / f"{algo.replace('-', '_')}.yml"
+    if not p.exists():
+        raise FileNotFoundError(f"hyperparams: {p} does not exist")
+    table = yaml.safe_load(p.read_text()) or {}
+    return _merge(table.get("default", {}), table.get(scenario, {}))
+
+
+def resolve(cfg: TrainConfig) -> dict[str, Any]:
+    """The effective hyperparameters: file entry, then the command line's values."""
+    mode = cfg.env_kwargs.get("action_mode")
+    algo = cfg.algo or default_algo(mode or "select")
+    hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file)
+    mode = mode or hp.get("env_kwargs", {}).get("action_mode", "select")
+    if cfg.algo is None and default_algo(mode) != algo:  # the file's mode decides when none was given
+        algo = default_algo(mode)
+        hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file)
+    if algo == "maskable-ppo" and mode not in ("select", "subset"):
+        raise ValueError(f"algo: maskable-ppo needs action_mode select or subset, got {mode!r} (use --algo ppo)")
+    hp = _merge(hp, cfg.hyperparams)
+    hp["env_kwargs"] = _merge(hp.get("env_kwargs", {}), {k: v for k, v in cfg.env_kwargs.items() if v is not None})
+    hp["env_kwargs"]["overrides"] = {**hp["env_kwargs"].get("overrides", {}), **cfg.overrides}
+    hp["algo"] = algo
+    if cfg.timesteps is not None:
+        hp["n_timesteps"] = int(cfg.timesteps)
+    if cfg.n_envs is not None:
+        hp["n_envs"] = int(cfg.n_envs)
+    unknown = set(hp) - {"n_timesteps", "policy", "n_envs", "normalize", "policy_kwargs", "env_kwargs", "algo", *PPO_KEYS}
+    if unknown:
+        raise ValueError(f"hyperparams: unknown key {sorted(unknown)[0]!r}; allowed: n_timesteps, policy, n_envs, "
+                         f"normalize, policy_kwargs, env_kwargs, {', '.join(PPO_KEYS)}")
+    return hp
+
+
+class _TrainingWorkloads:
+    """Env factory for worker ``rank``: episode ``j`` of worker ``r`` of ``n`` uses workload seed
+    ``base + r + n j``, whatever seed SB3 passes, so training never sees the held-out seeds."""
+
+    def __init__(self, scenario: str, env_kwargs: dict, rank: int, n_envs: int, base: int) -> None:
+        self.scenario, self.env_kwargs, self.rank, self.n_envs, self.base = scenario, env_kwargs, rank, n_envs, base
+
+    def __call__(self):
+        import gymnasium as gym
+
+        scenario, env_kwargs, rank, n_envs, base = self.scenario, self.env_kwargs, self.rank, self.n_envs, self.base
+
+        class SeedSequenceWrapper(gym.Wrapper):
+            def __init__(self, env) -> None:
+                super().__init__(env)
+                self.episode = 0
+
+            def reset(self, *, seed=None, options=None):
+                s = base + rank + n_envs * self.episode
+                self.episode += 1
+                return self.env.reset(seed=s, options=options)
+
+            def action_masks(self) -> np.ndarray:
+                return self.env.unwrapped.action_masks()
+
+        return SeedSequenceWrapper(make_env(scenario, env_kwargs))
+
+
+def vecnormalize_path(model_path: Path) -> Path:
+    """``model.zip`` -> ``vecnormalize.pkl``; ``best_model.zip`` -> ``best_vecnormalize.pkl``;
+    ``model_N_steps.zip`` -> ``model_vecnormalize_N_steps.pkl`` (SB3's checkpoint naming)."""
+    m = re.fullmatch(r"(.*)_(\d+)_steps", model_path.stem)
+    if m:
+        return model_path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps.pkl")
+    return model_path.with_name(model_path.stem.replace("model", "vecnormalize") + ".pkl")
+
+
+def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str, episodes: int, seed_base: int
+                           ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, float]]:
+    """Observations, masks and actions of ``policy`` driving the env through ``expert_action``
+    (attached as the env's expert, so policies with engine hooks work too)."""
+    env = make_env(scenario, {**env_kwargs, "expert": policy})
+    base = env.unwrapped
+    obs_l: list[dict] = []
+    masks: list[np.ndarray] = []
+    acts: list[Any] = []
+    e2e: list[float] = []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed_base + ep)
+        done = False
+        while not done:
+            # a plan the action mode cannot express (e.g. a request beyond the K slots) becomes launch
+            a = base.expert_action(strict=False)
+            obs_l.append(obs)
+            masks.append(base.action_masks())
+            acts.append(a)
+            obs, _, term, trunc, info = env.step(a)
+            done = term or trunc
+        e2e.append(info["summary"]["e2e_s"]["mean"])
+    env.close()
+    obs_arr = {k: np.stack([o[k] for o in obs_l]) for k in obs_l[0]}
+    return obs_arr, np.stack(masks), np.asarray(acts), {"expert_e2e_mean_s": float(np.mean(e2e)), "steps": len(acts)}
+
+
+def behaviour_clone(model: Any, vecnorm: Any, obs: dict[str, np.ndarray], masks: np.ndarray, actions: np.ndarray,
+                    epochs: int, batch_size: int = 256, seed: int = 0) -> dict[str, float]:
+    """Pre-train the policy by cross-entropy on the masked action distribution
+    (``get_distribution(obs, action_masks).log_prob``); returns the final loss and accuracy."""
+    import torch
+
+    from agents.agent import is_maskable
+
+    for key in vecnorm.norm_obs_keys or []:
+        vecnorm.obs_rms[key].update(obs[key])
+    norm = vecnorm.normalize_obs(obs)
+    policy = model.policy
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    rng = np.random.default_rng(seed)
+    n = len(actions)
+    maskable = is_maskable(model)
+    loss_v = acc = math.nan
+    policy.set_training_mode(True)
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        for i in range(0, n, batch_size):
+            idx = order[i:i + batch_size]
+            obs_t, _ = policy.obs_to_tensor({k: v[idx] for k, v in norm.items()})
+            act_t = torch.as_tensor(actions[idx], device=policy.device)
+            dist = policy.get_distribution(obs_t, action_masks=masks[idx]) if maskable else policy.get_distribution(obs_t)
+            loss = -dist.log_prob(act_t).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss_v = float(loss.item())
+    policy.set_training_mode(False)
+    if maskable and actions.ndim == 1:
+        with torch.no_grad():
+            obs_t, _ = policy.obs_to_tensor(norm)
+            pred = policy.get_distribution(obs_t, action_masks=masks).get_actions(deterministic=True).cpu().numpy()
+        acc = float(np.mean(pred == actions))
+    return {"bc_loss": loss_v, "bc_accuracy": acc, "bc_samples": n}
+
+
+def validation_baselines(scenario: str, overrides: dict[str, Any]) -> dict[str, dict]:
+    """Summaries of every applicable baseline on the validation workload (seed 99)."""
+    from agents.report import run_baselines
+    from baselines import available
+
+    records, _ = run_baselines(scenario, available(), [VALIDATION_SEED], [1.0], overrides)
+    return {r.policy: r.summary for r in records}
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train (or resume) an agent; returns the contents of ``run.json``."""
+    import torch
+    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+
+    from agents.callbacks import BaselineScoreCallback, RichProgressCallback, SummaryScalarsCallback
+    from agents.features import QueueSetExtractor
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(max(1, cfg.torch_threads))
+    hp = resolve(cfg)
+    algo = hp["algo"]
+    env_kwargs = hp["env_kwargs"]
+    name = cfg.name or f"{cfg.scenario}-{env_kwargs.get('action_mode', 'select')}-s{cfg.seed}"
+    run_dir = Path(cfg.out) / name
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    if cfg.vec not in ("dummy", "subproc"):
+        raise ValueError(f"vec: {cfg.vec!r} is not one of dummy, subproc")
+
+    # 2. envs: training workloads from seed TRAIN_SEED_BASE + 1000 * seed on
+    n_envs = int(hp.get("n_envs", 1))
+    base = TRAIN_SEED_BASE + 1000 * cfg.seed
+    fns = [_TrainingWorkloads(cfg.scenario, env_kwargs, r, n_envs, base) for r in range(n_envs)]
+    venv = SubprocVecEnv(fns) if cfg.vec == "subproc" else DummyVecEnv(fns)
+    norm_kw = dict(hp.get("normalize") or {})
+    gamma = float(hp.get("gamma", 0.99))
+
+    # 3. the model (new, or resumed with its normalisation statistics)
+    cls = algo_class(algo)
+    ppo_kw = {k: hp[k] for k in PPO_KEYS if k in hp}
+    if cfg.resume:
+        rp = Path(cfg.resume)
+        model_path = rp if rp.suffix == ".zip" else (rp / "model.zip")
+        if not model_path.exists():
+            raise FileNotFoundError(f"resume: {model_path} does not exist")
+        vn = vecnormalize_path(model_path)
+        venv = VecNormalize.load(str(vn), venv) if vn.exists() else VecNormalize(venv, gamma=gamma, **norm_kw)
+        model = cls.load(str(model_path), env=venv, device="cpu", tensorboard_log=str(run_dir / "tb"))
+    else:
+        venv = VecNormalize(venv, gamma=gamma, **norm_kw)
+        pk = dict(hp.get("policy_kwargs") or {})
+        policy_kwargs = {
+            "features_extractor_class": QueueSetExtractor,
+            "features_extractor_kwargs": {k: tuple(pk.pop(k)) if isinstance(pk.get(k), list) else pk.pop(k)
+                                          for k in ("slot_hidden", "context_hidden", "slot_out") if k in pk},
+            **pk,
+        }
+        model = cls(hp.get("policy", "MultiInputPolicy"), venv, seed=cfg.seed, device="cpu", verbose=0,
+                    tensorboard_log=str(run_dir / "tb"), policy_kwargs=policy_kwargs, **ppo_kw)
+
+    # 4. imitation warm start
+    bc: dict[str, Any] = {}
+    if cfg.bc_from and not cfg.resume:
+        obs, masks, acts, info = collect_demonstrations(cfg.scenario, env_kwargs, cfg.bc_from, cfg.bc_episodes,
+                                                        base + 500)
+        bc = {"policy": cfg.bc_from, **info, **behaviour_clone(model, venv, obs, masks, acts, cfg.bc_epochs,
+                                                                seed=cfg.seed)}
+
+    # 5. callbacks and learning
+    val_over = dict(env_kwargs.get("overrides", {}))
+    if cfg.validation_requests:
+        val_over["workload.n_requests"] = int(cfg.validation_requests)
+    baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
+    val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
+
+    def evaluate(m: Any) -> dict:
+        return run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
+
+    summaries = SummaryScalarsCallback()
+    callbacks: list[Any] = [summaries, CheckpointCallback(max(1, cfg.checkpoint_every // n_envs),
+                                                          str(run_dir / "checkpoints"), name_prefix="model",
+                                                          save_vecnormalize=True)]
+    score = None
+    if cfg.score_every:
+        score = BaselineScoreCallback(evaluate, baselines, cfg.score_every, save_dir=run_dir, vecnorm=venv)
+        callbacks.append(score)
+    if cfg.progress:
+        callbacks.append(RichProgressCallback(score))
+    total = int(hp["n_timesteps"])
+    remaining = total - model.num_timesteps if cfg.resume else total
+    t_learn = time.perf_counter()
+    if remaining > 0:
+        model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=not cfg.resume,
+                    tb_log_name="ppo")
+    learn_s = time.perf_counter() - t_learn
+    model.save(str(run_dir / "model.zip"))
+    venv.save(str(run_dir / "vecnormalize.pkl"))
+    if not (run_dir / "best_model.zip").exists():
+        model.save(str(run_dir / "best_model.zip"))
+        venv.save(str(run_dir / "best_vecnormalize.pkl"))
+    final = evaluate(model) if cfg.score_every else {}
+    venv.close()
+    val_env.close()
+
+    meta = {
+        "name": name,
+        "scenario": cfg.scenario,
+        "algo": algo,
+        "config": asdict(cfg),
+        "hyperparams": hp,
+        "env_kwargs": env_kwargs,
+        "overrides": env_kwargs.get("overrides", {}),
+        "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
+                  "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
+        "timesteps": int(model.num_timesteps),
+        "n_envs": n_envs,
+        "vec": cfg.vec,
+        "bc": bc,
+        "validation": {
+            "baselines": {k: {"e2e_mean_s": v["e2e_s"]["mean"], "ttft_p99_s": v["ttft_s"]["p99"],
+                              "completed": v["n_completed"], "arrived": v["n_arrived"]} for k, v in baselines.items()},
+            "final_agent": {"e2e_mean_s": final["e2e_s"]["mean"], "ttft_p99_s": final["ttft_s"]["p99"],
+                            "completed": final["n_completed"], "arrived": final["n_arrived"]} if final else {},
+            "best_rel_e2e_mean_vs_best": score.best_rel if score is not None else None,
+            "last_scores": score.last if score is not None else {},
+        },
+        "episodes": summaries.n_episodes,
+        "learn_wall_s": learn_s,
+        "wall_s": time.perf_counter() - t0,
+    }
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
+    return meta
