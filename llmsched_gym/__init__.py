@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmsched_gym.env import register_envs
+
 __version__ = "0.1.0"
 
 
@@ -30,4 +32,7 @@ def make_scenario(name: str, seed: int = 0, overrides: dict[str, Any] | None = N
     return build_scenario(get_scenario(name, overrides), seed)
 
 
-__all__ = ["__version__", "make_scenario", "simulate"]
+# gymnasium.make("llmsched_gym:LLMSched-v0") imports this package, which registers the ids
+register_envs()
+
+__all__ = ["__version__", "make_scenario", "register_envs", "simulate"]

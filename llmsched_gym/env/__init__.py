@@ -1,0 +1,32 @@
+"""The Gymnasium environment ``LLMSched-v0`` (see :class:`~llmsched_gym.env.llmsched_env.LLMSchedEnv`).
+
+``import llmsched_gym`` calls :func:`register_envs`, so
+``gymnasium.make("llmsched_gym:LLMSched-v0", scenario=..., action_mode=..., reward=...)`` works. This
+module imports only gymnasium's registry; the env itself loads on ``make``.
+"""
+
+from __future__ import annotations
+
+ENV_ID = "LLMSched-v0"
+GPU_ENV_ID = "LLMSchedGPU-v0"
+ENTRY_POINT = "llmsched_gym.env.llmsched_env:LLMSchedEnv"
+
+
+def register_envs() -> None:
+    """Register ``LLMSched-v0`` and the GPU-timed ``LLMSchedGPU-v0`` (idempotent).
+
+    ``LLMSchedGPU-v0`` times every batch on the local GPU (``latency="gpu:llama-3-8b"``, needs torch),
+    so it is registered ``nondeterministic``. Without gymnasium installed nothing is registered.
+    """
+    try:
+        from gymnasium.envs.registration import register, registry
+    except ImportError:  # the GPU device image runs the simulator without gymnasium
+        return
+    if ENV_ID not in registry:
+        register(id=ENV_ID, entry_point=ENTRY_POINT)
+    if GPU_ENV_ID not in registry:
+        register(id=GPU_ENV_ID, entry_point=ENTRY_POINT, nondeterministic=True,
+                 kwargs={"latency": "gpu:llama-3-8b"})
+
+
+__all__ = ["ENV_ID", "GPU_ENV_ID", "register_envs"]

@@ -1,0 +1,68 @@
+"""Admission rules of ``LLMSched-v0``: which waiting requests may still join the batch being formed.
+
+* ``current``: the request's prefill (prompt, or prompt + generated after a recompute preemption,
+  plus the first token when prefill emits one) fits in the KV that is free now, after this
+  iteration's decode growth and what the batch being formed already reserves. Memory is counted in
+  whole blocks, so a rule-abiding batch never overflows in the iteration it starts.
+* ``future``: seed 000's Eq. (1) (MC-SF, digest section 2.1) with predicted output lengths and
+  time in iterations: admitting the request keeps the predicted KV of every resident request at or
+  below the capacity at every future completion point, the candidate's own included.
+* ``none``: anything in the queue; an overflow is left to the engine's overflow handler.
+
+:class:`FutureProfile` evaluates Eq. (1) for many candidates at once. A resident request ``x``
+(running, or already chosen for this batch) is a line: ``tau`` iterations from now it holds
+``base_x + tau`` tokens, until its predicted completion ``c_x`` (inclusive, the paper's
+convention A). Memory only drops at completions, so the peaks are at the points ``c_x``; with
+``F(tau) = sum_{c_x >= tau} (base_x + tau)``, a candidate ``(c, b)`` fits iff
+``max_{c_x <= c} F(c_x) + c_x + b <= M`` (the existing peaks it overlaps) and ``F(c) + c + b <= M``
+(its own peak). Both are prefix maxima / suffix sums over the sorted ``c_x``: O((R + K) log R)
+per evaluation with numpy, for R residents and K candidates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ADMISSION_RULES = ("current", "future", "none")
+
+
+class FutureProfile:
+    """Predicted future KV of a set of resident requests, and the Eq. (1) test for candidates.
+
+    :param capacity_tokens: the KV capacity ``M`` (tokens; whole blocks in paged mode).
+    :param max_residents: an upper bound on the number of residents (the workload size).
+    """
+
+    __slots__ = ("capacity", "_desc", "_cs", "_table", "peak")
+
+    def __init__(self, capacity_tokens: int, max_residents: int) -> None:
+        self.capacity = int(capacity_tokens)
+        self._desc = np.arange(max_residents + 1, 0, -1, dtype=np.int64)
+        self.build(np.empty(0, np.int64), np.empty(0, np.int64))
+
+    def build(self, c: np.ndarray, base: np.ndarray) -> None:
+        """Residents with completion points ``c`` (iterations from now, >= 1, sorted ascending) and
+        lines ``base``."""
+        n = len(c)
+        table = np.empty((n + 1, 3))
+        table[0, 0] = -np.inf
+        table[n, 1] = 0.0
+        table[:, 2] = self._desc[len(self._desc) - n - 1:]  # n + 1 - k: residents at or after k, + 1
+        if n:
+            suffix = base[::-1].cumsum()[::-1]
+            table[:n, 1] = suffix
+            # F at each point (exact at the first of equal points, lower at the others: harmless
+            # for the maxima below, which the first of the group attains)
+            f = suffix + c * self._desc[len(self._desc) - n:]
+            self.peak = int(f.max())
+            np.maximum.accumulate(f + c, out=table[1:, 0])
+        else:
+            self.peak = 0
+        self._cs, self._table = c, table
+
+    def fits(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Whether each candidate ``(c[i], base[i])`` alone keeps every peak up to its completion
+        within capacity: the peaks before ``c`` (prefix maximum) and the one at ``c`` (its own)."""
+        row = self._table[np.searchsorted(self._cs, c, side="left")]
+        own = row[:, 1] + c * row[:, 2]
+        return np.maximum(row[:, 0], own) + base <= self.capacity

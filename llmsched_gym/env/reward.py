@@ -1,0 +1,181 @@
+"""Reward of ``LLMSched-v0``: a weighted sum of components measured between two agent decisions.
+
+=============  ===================================================================================
+component      raw value of one step (the weight multiplies it; ``info["reward_components"]``)
+=============  ===================================================================================
+``latency``    minus the request-seconds spent in the system since the previous step: the integral
+               of (arrived, not yet completed or rejected requests) over time. It sums exactly to
+               minus the summary's ``total_latency_s`` when every request completes (seed 000,
+               Eq. (6): the latency added per round is the number of requests in the system).
+``throughput`` output tokens generated (re-generated ones after a restart included).
+``eviction``   minus the tokens whose KV was thrown away by preemptions and clears (recomputed).
+``slo``        minus the requests that missed their SLO, each counted once: when its TTFT deadline
+               passes without a first token in time, or at completion when the mean TPOT is over.
+               The weight is a number, or ``{"online": w, "offline": w}`` per task class.
+``fairness``   minus the growth of the maximum weighted service difference between clients (the
+               summary's ``fairness.max_service_diff``; service = prompt + 2 x output tokens).
+=============  ===================================================================================
+
+Sums telescope: the components of a whole episode add up to the run's totals, whatever the number
+of iterations simulated between decisions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from llmsched_gym.core.metrics import client_service
+
+if TYPE_CHECKING:
+    from llmsched_gym.core.engine import Engine
+
+REWARD_COMPONENTS = ("latency", "throughput", "eviction", "slo", "fairness")
+CLASS_NAMES = ("online", "offline")
+
+
+def parse_weights(reward: str | dict | None) -> dict[str, float | dict[str, float]]:
+    """Validate ``reward=`` (a component name, or a dict of weights); one-line ValueError otherwise."""
+    if reward is None:
+        return {"latency": 1.0}
+    if isinstance(reward, str):
+        reward = {reward: 1.0}
+    if not isinstance(reward, dict):
+        raise ValueError(f"reward: expected a dict of weights or a component name, got {reward!r}")
+    out: dict[str, float | dict[str, float]] = {}
+    for key, w in reward.items():
+        if key not in REWARD_COMPONENTS:
+            raise ValueError(f"reward.{key}: unknown component; allowed: {', '.join(REWARD_COMPONENTS)}")
+        if key == "slo" and isinstance(w, dict):
+            bad = set(w) - set(CLASS_NAMES)
+            if bad:
+                raise ValueError(f"reward.slo.{sorted(bad)[0]}: unknown class; allowed: online, offline")
+            out[key] = {c: _finite(w.get(c, 0.0), f"reward.slo.{c}") for c in CLASS_NAMES}
+        else:
+            out[key] = _finite(w, f"reward.{key}")
+    return out
+
+
+def _finite(value, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected a number, got {value!r}") from None
+    if not np.isfinite(v):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    return v
+
+
+class RewardTracker:
+    """Running totals of one episode; :meth:`collect` returns the step's reward and components."""
+
+    def __init__(self, weights: dict[str, float | dict[str, float]]) -> None:
+        self.weights = weights
+        slo_w = weights.get("slo", 0.0)
+        self._slo_w = slo_w if isinstance(slo_w, dict) else {c: float(slo_w) for c in CLASS_NAMES}
+        self._scalar_w = [(k, float(w)) for k, w in weights.items() if k != "slo" and not isinstance(w, dict)]
+
+    def reset(self, engine: Engine) -> None:
+        wl = engine.workload
+        self.engine = engine
+        self._cum_arrival = np.concatenate(([0.0], np.cumsum(wl.arrival_s))).tolist()
+        self._sum_done = 0.0  # completion (or rejection) times of the requests that left
+        self._n_done = 0
+        self._last_cost = 0.0
+        self._last_decoded = 0
+        self._last_preempts = 0
+        self._last_recomputed = 0
+        self._last_diff = 0.0
+        self.has_slo = wl.has_slo
+        self.multi_client = wl.n_clients > 1
+        self._viol = [0, 0]
+        self._last_viol = [0, 0]
+        if self.has_slo:
+            has = np.isfinite(wl.ttft_slo_s)
+            ids = np.nonzero(has)[0]
+            deadline = wl.arrival_s[ids] + wl.ttft_slo_s[ids]
+            order = np.argsort(deadline, kind="stable")
+            self._dl_ids = ids[order]
+            self._dl = deadline[order].tolist()
+            self._dl_next = 0
+
+    # engine events (forwarded by the env's scheduler adapter)
+    def on_finish(self, rid: int, t: float) -> None:
+        self._sum_done += t
+        self._n_done += 1
+        if self.has_slo:
+            e, wl = self.engine, self.engine.workload
+            ft = e.first_token_s[rid]
+            ttft_ok = (ft - wl.arrival_s[rid]) <= wl.ttft_slo_s[rid]
+            out = int(wl.output_tokens[rid])
+            tpot = (e.completion_s[rid] - ft) / (out - 1) if out > 1 else 0.0
+            # a late first token was already counted when its deadline passed
+            if ttft_ok and tpot > wl.tpot_slo_s[rid]:
+                self._viol[int(wl.task_class[rid])] += 1
+
+    def on_reject(self, rid: int) -> None:
+        self._sum_done += float(self.engine.workload.arrival_s[rid])
+        self._n_done += 1
+
+    def collect(self) -> tuple[float, dict[str, float]]:
+        e = self.engine
+        t = e.clock
+        n_arr = e.next_idx
+        cost = (n_arr - self._n_done) * t - self._cum_arrival[n_arr] + self._sum_done
+        comps = {
+            "latency": self._last_cost - cost,
+            "throughput": float(e.total_decoded - self._last_decoded),
+            "eviction": 0.0,
+            "slo": 0.0,
+            "fairness": 0.0,
+        }
+        self._last_cost = cost
+        self._last_decoded = e.total_decoded
+        if e.n_preempt_events != self._last_preempts:
+            self._last_preempts = e.n_preempt_events
+            rec = int(e.recomputed_tokens.sum())
+            comps["eviction"] = float(self._last_recomputed - rec)
+            self._last_recomputed = rec
+        if self.multi_client:
+            diff = self._service_diff()
+            comps["fairness"] = self._last_diff - diff
+            self._last_diff = diff
+        reward = 0.0
+        for k, w in self._scalar_w:
+            reward += w * comps[k]
+        if self.has_slo:
+            self._ttft_deadlines(t)
+            v, lv = self._viol, self._last_viol
+            d_on, d_off = v[0] - lv[0], v[1] - lv[1]
+            self._last_viol = [v[0], v[1]]
+            comps["slo"] = -float(d_on + d_off)
+            comps["slo_online"] = -float(d_on)
+            comps["slo_offline"] = -float(d_off)
+            reward -= self._slo_w["online"] * d_on + self._slo_w["offline"] * d_off
+        return reward, comps
+
+    def _ttft_deadlines(self, t: float) -> None:
+        """Judge the TTFT of every request whose deadline has passed (once per request)."""
+        j = bisect.bisect_right(self._dl, t, lo=self._dl_next)
+        if j == self._dl_next:
+            return
+        e, wl = self.engine, self.engine.workload
+        ids = self._dl_ids[self._dl_next:j]
+        self._dl_next = j
+        ok = (e.first_token_s[ids] - wl.arrival_s[ids]) <= wl.ttft_slo_s[ids]
+        late = ids[~ok]
+        if len(late):
+            counts = np.bincount(wl.task_class[late], minlength=2)
+            self._viol[0] += int(counts[0])
+            self._viol[1] += int(counts[1])
+
+    def _service_diff(self) -> float:
+        e, wl = self.engine, self.engine.workload
+        svc = client_service(e)
+        active = np.bincount(wl.client[: e.next_idx], minlength=wl.n_clients) > 0
+        if not active.any():
+            return 0.0
+        sv = svc[active] / wl.client_weight[active]
+        return float(sv.max() - sv.min())
