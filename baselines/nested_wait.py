@@ -38,8 +38,13 @@ Readings and departures:
 * A request that outlives b_m stays in the last segment.
 * End of horizon (digest 5.6 recommends against the companion code's dropping): once no arrival
   is left, every segment runs with min(n_k, count) per stage and no threshold, so all drain.
-* Overflow is possible (the stochastic entry backlogs); the engine's LIFO preemption handles it
-  in the scenario's preemption mode (the paper: full restart).
+* Eq. 1's d0, d1 (``fluid`` rule) come from :func:`baselines.wait.linear_coefficients`; M^pi
+  adds each request's partly filled last block in paged mode.
+* Memory guard (not in the paper; it never binds within M^pi + buffer <= C): a prompt enters
+  segment 1 only if it fits in the KV left after the step's decodes; if that leaves nothing to
+  run while paused requests hold the memory, every segment runs that step without thresholds
+  (else the worker deadlocks). Decode overflow (the stochastic entry backlogs) goes to the
+  engine's LIFO preemption in the scenario's preemption mode (the paper: full restart).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.fluid import nested_mpi, nested_wait_thresholds, theta_root
 
 from .base import PolicyError, configure, register
-from .wait import linear_coefficients
+from .wait import admit_fitting, linear_coefficients
 
 
 def segment_boundaries(lengths: list[int], segments: int) -> list[int]:
@@ -67,7 +72,18 @@ def segment_boundaries(lengths: list[int], segments: int) -> list[int]:
 
 @register("nested-wait")
 class NestedWAIT(Scheduler):
-    """Algorithm 2: nested segment thresholds, on-the-fly classification by tokens generated."""
+    """Algorithm 2: nested segment thresholds, on-the-fly classification by tokens generated.
+
+    :param rule: ``ratio`` | ``fluid`` | ``explicit`` (module docstring).
+    :param batch_size: B of the ratio rule (0 = fill the KV with M^pi).
+    :param gamma: n_(k+1)/n_k = gamma p_k (1 = the paper's experiments; > 1 the strict Eq. 12).
+    :param slack: the fluid rule's c = (1 + slack) c_min.
+    :param delta: overflow probability of the Eq. 14 buffer.
+    :param thresholds: explicit n_k per segment (implies ``rule=explicit``).
+    :param boundaries: explicit segment upper bounds (tokens generated).
+    :param width: fixed segment width in tokens (0 = automatic).
+    :param segments: L, the number of segment groups of section 7.2 (0 = one per boundary).
+    """
 
     params = {"rule": "ratio", "batch_size": 256, "gamma": 1.0, "slack": 0.1, "delta": 0.01,
               "thresholds": [], "boundaries": [], "width": 0, "segments": 0}
@@ -132,6 +148,7 @@ class NestedWAIT(Scheduler):
         self.tail_rates = [total * float(np.mean(pred > lo)) for lo in lows]
         self.prefill = float(wl.prompt_tokens.mean()) if len(wl) else 1.0
         emits = self._emits = view.prefill_emits_token
+        self._block_size = view.block_size
         self.stages = [b - lo + (0 if (k or emits) else 1) for k, (lo, b) in enumerate(zip(lows, self.bounds, strict=True))]
         weights = [lam * self.gamma**k for k, lam in enumerate(self.tail_rates)]
         if self.rule == "explicit":
@@ -157,12 +174,16 @@ class NestedWAIT(Scheduler):
                 raise PolicyError(f"policy.rule: the fluid recipe does not apply here ({e}); use rule=ratio") from None
             self.n = [max(1, math.ceil(x - 1e-9)) for x in plan.n]
         self.memory_requirement = self.m_pi(self.n) + self.buffer(self.n, len(wl))
+        self._min_after = np.minimum.accumulate(self.n[::-1])[::-1].tolist()
 
     def m_pi(self, n: list[int] | list[float]) -> float:
         """Peak KV of a full batch, n_k requests at every stage of every segment (exact stage
-        sum, plus the prefill stage when prefill emits no token)."""
-        prefill_stage = 0.0 if self._emits else n[0] * self.prefill
-        return nested_mpi(np.asarray(n, dtype=float), self.prefill, self.bounds, "exact_stage_sum") + prefill_stage
+        sum, plus the prefill stage when prefill emits no token, plus each request's partly
+        filled last block in paged mode)."""
+        nk = np.asarray(n, dtype=float)
+        prefill_stage = 0.0 if self._emits else nk[0] * self.prefill
+        blocks = (self._block_size - 1) * float(np.dot(nk, self.stages))
+        return nested_mpi(nk, self.prefill, self.bounds, "exact_stage_sum") + prefill_stage + blocks
 
     def buffer(self, n: list[int], n_batches: int) -> float:
         """Eq. 14's safety buffer: entry backlogs of segments k >= 2 plus the high-probability
@@ -193,7 +214,8 @@ class NestedWAIT(Scheduler):
         for rid in view.running:
             cells.setdefault(int(gen[rid]), []).append(rid)
         waiting = view.waiting
-        if view.next_arrival_s == math.inf:
+        drain = view.next_arrival_s == math.inf
+        if drain:
             depth = len(bounds)
         elif len(waiting) < n[0]:
             return BatchPlan.wait()
@@ -201,12 +223,27 @@ class NestedWAIT(Scheduler):
             depth = 1
             while depth <= last and len(cells.get(bounds[depth - 1], ())) >= n[depth]:
                 depth += 1
-        prefill = {rid: BatchPlan.FULL for rid in waiting[: n[0]]}
+        admit, pause = self._select(view, depth, cells)
+        if not admit and len(pause) == len(view.running) and view.running:
+            admit, pause = self._select(view, len(bounds), cells)  # memory deadlock: see the docstring
+        # the same decode-only plan comes back only while draining (entry cells empty as requests
+        # advance, which changes the depth otherwise) and no cell outgrows a later threshold
+        hold = drain and not admit and not pause and all(
+            len(ids) <= self._min_after[min(bisect.bisect_right(bounds, g), last)] for g, ids in cells.items())
+        return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, pause=pause, hold=hold)
+
+    def _select(self, view: EngineView, depth: int, cells: dict[int, list[int]]) -> tuple[list[int], set[int]]:
+        """Segments ``1..depth`` advance up to n_k per stage; returns the prompts to prefill (those
+        that fit) and the resident requests to pause."""
+        n, bounds = self.n, self.bounds
+        last = len(bounds) - 1
         pause: set[int] = set()
+        runs: list[int] = []
         for g, ids in cells.items():
             k = min(bisect.bisect_right(bounds, g), last)
             if k >= depth:
                 pause.update(ids)
-            elif len(ids) > n[k]:
+            else:
+                runs.extend(ids[: n[k]])
                 pause.update(ids[n[k]:])
-        return BatchPlan(prefill=prefill, pause=pause, hold=not prefill and not pause)
+        return admit_fitting(view, view.waiting[: n[0]], runs), pause

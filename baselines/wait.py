@@ -2,9 +2,11 @@
 with Memory Constraints", arXiv 2504.11320 v2): the FCFS baseline of section 3 and WAIT
 (Algorithm 1, section 4). Digest: seed003_wait.md sections 1, 2.3, 3.1, 3.2 and 7.
 
-``fcfs-greedy-lifo`` (paper section 3, Example 2, Prop. 3): every iteration prefills every waiting
-prompt and decodes every running one; when the KV after the iteration would exceed C, the most
+``fcfs-greedy-lifo`` (paper section 3, Example 2, Prop. 3): every iteration prefills the waiting
+prompts (queue order, as many as fit in the KV free now: the digest's "mild memory admission
+check") and decodes every running one; when the KV after the iteration would exceed C, the most
 recently admitted running prompts are evicted (full restart, back to the queue) until it fits.
+On Example 2 this replays the paper's cycle (3, 4, 3, ... completions per iteration).
 
 ``wait`` (Algorithm 1): type j has a per-stage threshold n_j. Type j joins a batch only when at
 least n_j of its prompts wait for prefill; the batch then advances min(n_j, count) prompts of type
@@ -12,29 +14,38 @@ j at every stage (prefill and each decode stage), FIFO. Other types' prompts sta
 their KV. Resident memory is therefore at most M^pi = sum_j n_j (l'_j+1)(l_j+l'_j/2) and WAIT
 never evicts when M^pi <= C.
 
-Thresholds (``rule``): ``fluid`` n_j = ceil(c lambda_j) with c in [Delta T*, C/A] (digest 2.3:
-c = Delta T* is the equilibrium pi*, larger c gives strict slack; when C < M* no c is feasible
-and c = C/A fills the memory, Remark 1); ``practical`` the companion code's fluid-proportional
-reading of the paper's section 6.1 rule, n_j = max(1, floor(B lambda_j / sum_j' lambda_j'
-(l'_j'+1))); ``practical_literal`` the paper's formula as printed, n_j = max(1, floor(B rho_j /
-(l'_j+1))) with rho_j = lambda_j / sum lambda; or explicit ``thresholds`` (one per type id).
+Thresholds (``rule``, via :mod:`llmsched_gym.fluid`): ``fluid`` (default) n_j = ceil(c lambda_j),
+with ``c`` seconds, or c = Delta T* (the equilibrium pi*, digest 2.3) when ``c`` = 0; when that
+breaks M^pi <= C or no equilibrium exists (C < M* or d1 A >= 1), c = C/A fills the memory and
+n_j = max(1, floor(c lambda_j)) (Remark 1's overloaded regime). ``practical``: the companion
+code's fluid-proportional reading of the paper's section 6.1 rule, n_j = max(1, floor(B lambda_j /
+sum_j' lambda_j' (l'_j'+1))) with B = ``batch_size``; ``practical_literal``: the formula as printed,
+n_j = max(1, floor(B rho_j / (l'_j+1))), rho_j = lambda_j / sum lambda; or explicit
+``thresholds`` (one per type id).
 
 Readings and departures:
 
 * Types are the workload's ``type_id``; l_j and l'_j are the type's mean prompt and mean
   predicted output (fixed per type in the paper's workloads); lambda_j is the type's empirical
   rate (count / arrival span), i.e. the paper's known rates, unless ``rates`` are given.
-* Stage of a resident prompt = tokens generated + 1 when prefill emits no token (the paper),
-  tokens generated when it does (then a prompt has l'_j stages instead of l'_j + 1).
+* Eq. 1's d0, d1 come from the scenario's latency model (:func:`linear_coefficients`: exact for
+  ``linear``, a chord over the memory-filling range otherwise; the paper gives no values).
+* Paged KV (outside the paper): M^pi counts each prompt's partly filled last block at every
+  stage (+ block_size - 1 tokens), so the fluid thresholds stay eviction-free.
+* Cells are (type, tokens generated); the paper's stage is that + 1 when prefill emits no token.
 * A step where no type meets its threshold idles until the next arrival. End of horizon (not
   in the paper): once no arrival is left, every type runs with min(n_j, count) per stage and no
   threshold, so the queue drains (the companion code drops it; that would bias the metrics).
-* Overflow (M^pi > C, paged rounding, or restarts): the engine's LIFO preemption applies, in
-  the scenario's preemption mode (the paper: full restart).
+* Memory guard (not in the paper; it never binds when M^pi <= C): a prompt is prefilled only if
+  it fits in the KV left after the step's decodes. If that leaves nothing to run while paused
+  prompts hold the memory, every type runs that step without thresholds (else the worker would
+  deadlock). Decode overflow (lengths that differ from the type's, M^pi > C) goes to the
+  engine's LIFO preemption in the scenario's mode (the paper: full restart).
 * fcfs-greedy-lifo: the evicted prompts re-enter at the head of the queue (the engine's rule;
-  the paper says "as new arrivals", which only matters when the queue does not fit at once); when
-  evicting every running prompt still leaves the queue too big, its head is admitted as far as
-  it fits.
+  the paper says "as new arrivals", which only matters when the queue does not fit at once).
+  Under a persistent backlog the cycle settles at 3 completions per iteration with an even
+  number of prompts in flight (25 % loss) and 2.5 with an odd one (37.5 %): the paper's
+  "3-3.5 per iteration, 12-25 %" is its first iterations' average.
 """
 
 from __future__ import annotations
@@ -126,7 +137,14 @@ def linear_coefficients(latency: LatencyModel, capacity: int, request_kv: float)
 
 @register("wait")
 class WAIT(Scheduler):
-    """Algorithm 1: per-type, per-stage thresholds; a type advances only when its queue is full."""
+    """Algorithm 1: per-type, per-stage thresholds; a type advances only when its queue is full.
+
+    :param rule: ``fluid`` | ``practical`` | ``practical_literal`` | ``explicit`` (module docstring).
+    :param c: seconds, the fluid recipe's n_j = c lambda_j (0 = Delta T*, or C/A when overloaded).
+    :param batch_size: B of the practical rules (the batch-size limit shared with vLLM/Sarathi).
+    :param thresholds: explicit n_j per type id (implies ``rule=explicit``).
+    :param rates: lambda_j per type id (default: the workload's empirical rates).
+    """
 
     params = {"rule": "fluid", "c": 0.0, "batch_size": 256, "thresholds": [], "rates": []}
     engine_overrides = {"overflow": "preempt_lifo_recompute"}
@@ -166,18 +184,20 @@ class WAIT(Scheduler):
         lam = np.array([t[0] for t in types])
         if self.c:
             return [max(1, math.ceil(self.c * x - 1e-9)) for x in lam]
+        stages = np.array([t[2] for t in types]) + 1
         a = stage_memory([t[1] for t in types], [t[2] for t in types])
         cap = view.kv_capacity
-        mean_kv = float(np.sum(lam * a) / np.sum(lam * (np.array([t[2] for t in types]) + 1)))
-        d0, d1 = linear_coefficients(view.latency, cap, mean_kv)
+        d0, d1 = linear_coefficients(view.latency, cap, float(np.sum(lam * a) / np.sum(lam * stages)))
+        # per-type memory of one prompt per stage, with each prompt's partly filled last block
+        a_kv = a + (view.block_size - 1) * stages
         try:
-            plan = wait_thresholds_fluid(types, d0, d1, cap)
-            if plan.memory_ok:
-                return plan.n_int
+            n = wait_thresholds_fluid(types, d0, d1, cap).n_int
+            if float(np.dot(n, a_kv)) <= cap:
+                return n
         except ValueError:
             pass  # d1 A >= 1: no equilibrium
         # overloaded (C < M* or d1 A >= 1), Remark 1: c = C / A fills the memory
-        c_max = cap / float(np.sum(lam * a))
+        c_max = cap / float(np.sum(lam * a_kv))
         return [max(1, math.floor(c_max * x)) for x in lam]
 
     def schedule(self, view: EngineView) -> BatchPlan:
@@ -188,17 +208,24 @@ class WAIT(Scheduler):
         queues: dict[int, list[int]] = {}
         for rid in view.waiting:
             queues.setdefault(int(tid[rid]), []).append(rid)
-        drain = view.next_arrival_s == math.inf
-        if drain:
-            ready = set(queues) | {int(tid[r]) for r in view.running}
+        every = set(queues) | {int(tid[r]) for r in view.running}
+        if view.next_arrival_s == math.inf:
+            ready = every
         else:
             ready = {j for j, q in queues.items() if len(q) >= n[j]}
             if not ready:
                 return BatchPlan.wait()
-        prefill = {rid: BatchPlan.FULL for j in ready if j in queues for rid in queues[j][: n[j]]}
-        gen = view.generated
+        admit, pause = self._select(view, ready, queues)
+        if not admit and len(pause) == len(view.running) and view.running:
+            admit, pause = self._select(view, every, queues)  # memory deadlock: see the docstring
+        return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, pause=pause, hold=not admit and not pause)
+
+    def _select(self, view: EngineView, ready: set[int], queues: dict[int, list[int]]) -> tuple[list[int], set[int]]:
+        """The prompts of ``ready`` types to prefill (those that fit) and the resident ones to pause."""
+        n, tid, gen = self.n, view.workload.type_id, view.generated
         taken: dict[tuple[int, int], int] = {}
         pause = set()
+        runs = []
         for rid in view.running:
             j = int(tid[rid])
             if j in ready:
@@ -206,6 +233,24 @@ class WAIT(Scheduler):
                 k = taken.get(key, 0)
                 if k < n[j]:
                     taken[key] = k + 1
+                    runs.append(rid)
                     continue
             pause.add(rid)
-        return BatchPlan(prefill=prefill, pause=pause, hold=not prefill and not pause)
+        candidates = [rid for j in sorted(ready) if j in queues for rid in queues[j][: n[j]]]
+        return admit_fitting(view, candidates, runs), pause
+
+
+def admit_fitting(view: EngineView, candidates: list[int], runs: list[int]) -> list[int]:
+    """The head of ``candidates`` whose prefills fit in the KV left after this step's decodes of
+    ``runs`` (never binds when M^pi <= C; the guard of the WAIT docstrings)."""
+    bs = view.block_size
+    free = view.kv_free // bs - sum(decode_blocks(view, r) for r in runs)
+    out = []
+    for rid in candidates:
+        hit = view.prefix_match(rid)
+        need = chunk_blocks(view, rid, hit, int(view.prefill_target[rid]) - hit) + hit // bs
+        if need > free:
+            break
+        free -= need
+        out.append(rid)
+    return out

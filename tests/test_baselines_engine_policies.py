@@ -204,3 +204,12 @@ def test_engine_policies_on_azure_conv_conserve_requests(policy):
     assert s["n_arrived"] == s["n_completed"] + s["n_rejected"] + s["n_unfinished"] == 300
     assert s["n_completed"] == 300 and not s["non_terminating"]
     assert s["kv_peak_frac"] <= 1.0
+
+
+@pytest.mark.parametrize("policy", ["vllm-v1", "vllm-v0", "sarathi", "sjf", "srpt", {"name": "sjf", "admission": "fit"}])
+def test_engine_policies_hold_only_when_the_plan_would_repeat(policy):
+    # a wrong hold promise makes the engine's fast-forward differ from the step-by-step run
+    runs = [simulate("azure-conv", policy, seed=2, overrides={"workload.n_requests": 150, "engine.fast_forward": ff})
+            for ff in (True, False)]
+    assert np.array_equal(runs[0].requests["completion_s"], runs[1].requests["completion_s"])
+    assert runs[0].summary["iterations"] == runs[1].summary["iterations"]

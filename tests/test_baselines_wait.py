@@ -143,8 +143,14 @@ def test_wait_fluid_recipe_gives_the_equilibrium_thresholds_on_example2():
 
 
 def test_wait_fluid_recipe_fills_the_memory_when_overloaded():
-    # wait-high: C = 483,328 < M* (d1 A >> 1 on the A100 roofline): c = C / A, n = floor(c lambda)
+    # wait-high: C = 483,328 < M* (d1 A >> 1 on the A100 roofline): c = C / A, n = floor(c lambda),
+    # A counting the partly filled last 16-token block of every prompt at every stage:
+    # A = 6000 (101 * 70 + 15 * 101) + 4000 (201 * 120 + 15 * 201) + 2000 (301 * 170 + 15 * 301)
     n = thresholds("wait-high", {"name": "wait", "rates": [6000, 4000, 2000]}, {"workload.n_requests": 50})
+    assert n == [10, 7, 3]
+    # token-level KV: the paper's A = 2.4124e8, c = 0.0020035
+    n = thresholds("wait-high", {"name": "wait", "rates": [6000, 4000, 2000]},
+                   {"workload.n_requests": 50, "engine.block_size": 1})
     assert n == [12, 8, 4]
 
 
@@ -281,3 +287,13 @@ def test_seed003_policies_on_azure_conv_conserve_requests(policy):
     s = r.summary
     assert s["n_arrived"] == s["n_completed"] + s["n_rejected"] + s["n_unfinished"] == 300
     assert s["n_completed"] == 300 and not s["non_terminating"]
+
+
+@pytest.mark.parametrize("scenario", ["azure-conv", "nested-synth4"])
+@pytest.mark.parametrize("policy", ["fcfs-greedy-lifo", "wait", "nested-wait"])
+def test_seed003_policies_hold_only_when_the_plan_would_repeat(scenario, policy):
+    # a wrong hold promise makes the engine's fast-forward differ from the step-by-step run
+    runs = [simulate(scenario, policy, seed=3, overrides={"workload.n_requests": 200, "engine.fast_forward": ff})
+            for ff in (True, False)]
+    assert np.array_equal(runs[0].requests["completion_s"], runs[1].requests["completion_s"])
+    assert runs[0].summary["iterations"] == runs[1].summary["iterations"]
