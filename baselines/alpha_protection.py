@@ -40,8 +40,9 @@ class AlphaGreedy(Scheduler):
     :param alpha: protected fraction of the KV capacity, in [0, 1).
     """
 
-    params: dict[str, Any] = {"alpha": 0.25}
+    params = {"alpha": 0.25}
     engine_overrides: dict[str, Any] = {"overflow": "clear_all"}
+    alpha: float
 
     def __init__(self, **kwargs) -> None:
         configure(self, kwargs)
@@ -77,7 +78,8 @@ class AlphaBeta(AlphaGreedy):
     :param beta: clearing probability, in (0, 1].
     """
 
-    params: dict[str, Any] = {"alpha": 0.2, "beta": 0.1}
+    params = {"alpha": 0.2, "beta": 0.1}
+    beta: float
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
