@@ -57,7 +57,12 @@ def make_engine(
     log_batches: bool = False,
 ) -> tuple[Engine, dict[str, Any]]:
     """Build a ready-to-run engine for ``scenario`` and ``policy`` (see :func:`simulate`)."""
-    spec = get_scenario(scenario, overrides) if isinstance(scenario, str) else scenario
+    if isinstance(scenario, str):
+        spec = get_scenario(scenario, overrides)
+    else:
+        from llmsched_gym.core.scenarios import apply_overrides
+
+        spec = apply_overrides(scenario, overrides)
     pol = spec.get("policy", "fcfs") if policy is None else policy
     if isinstance(pol, dict) and policy is not None and isinstance(spec.get("policy"), dict):
         pol = {**spec["policy"], **pol}

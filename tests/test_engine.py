@@ -106,7 +106,9 @@ def test_fast_forward_equals_step_by_step(c):
 
 
 @pytest.mark.parametrize("scenario", ["jaillet-low", "vtc-arena", "echo-hybrid"])
-def test_fast_forward_equals_step_by_step_on_scenarios(scenario):
+def test_fast_forward_equals_step_by_step_on_scenarios(scenario, request):
+    if scenario == "vtc-arena":
+        request.getfixturevalue("traces_dir")
     over = {"workload.n_requests": 300} if scenario != "vtc-arena" else {"workload.n_requests": 300}
     if scenario == "echo-hybrid":
         over = {"workload.horizon_s": 60.0, "workload.classes.offline.n_requests": 40}
@@ -131,7 +133,8 @@ def test_same_seed_gives_byte_identical_summary_json():
 
 
 def test_iteration_log_matches_contract_and_busy_time():
-    r = simulate("vtc-arena", seed=0, overrides={"workload.n_requests": 200})
+    r = simulate("echo-hybrid", seed=0, overrides={"workload.horizon_s": 60.0,
+                                                   "workload.classes.offline.n_requests": 40})
     log = r.iterations
     from llmsched_gym.core.engine import LOG_COLUMNS
 

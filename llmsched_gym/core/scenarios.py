@@ -40,7 +40,7 @@ def _jaillet(rate: float) -> dict[str, Any]:
         "engine": {"kv_capacity_tokens": 16_492, "block_size": 1, "prefill_emits_token": False,
                    "overflow": "forbid", "kv_bytes_per_token": 327_680},
         "latency": "roofline:llama-2-70b/2xa100",
-        "policy": {"name": "fcfs", "admission": "reserve"},
+        "policy": "mcsf",
     }
 
 
