@@ -9,6 +9,7 @@ at every prediction, and returns the same summary/requests/iterations triple as 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ def load_agent(path: str | Path, best: bool = False) -> Agent:
 
     p = Path(path)
     run_dir = p if p.is_dir() else p.parent
+    if run_dir.name == "checkpoints":
+        run_dir = run_dir.parent
     if p.is_dir():
         names = ("best_model.zip", "model.zip") if best else ("model.zip", "best_model.zip")
         model_path = next((run_dir / n for n in names if (run_dir / n).exists()), None)
@@ -102,9 +105,7 @@ def load_agent(path: str | Path, best: bool = False) -> Agent:
     model = algo_class(algo).load(str(model_path), device="cpu")
     model.policy.set_training_mode(False)
     vecnorm = None
-    vn_path = model_path.with_name(model_path.stem.replace("model", "vecnormalize") + ".pkl")
-    if not vn_path.exists():
-        vn_path = run_dir / "vecnormalize.pkl"
+    vn_path = vecnormalize_path(model_path)
     if vn_path.exists():
         import pickle
 
@@ -114,6 +115,15 @@ def load_agent(path: str | Path, best: bool = False) -> Agent:
         vecnorm.training = False
     return Agent(run_dir.name, model, vecnorm, meta.get("env_kwargs", {}), meta.get("scenario"),
                  meta.get("overrides", {}))
+
+
+def vecnormalize_path(model_path: Path) -> Path:
+    """``model.zip`` -> ``vecnormalize.pkl``; ``best_model.zip`` -> ``best_vecnormalize.pkl``;
+    ``model_N_steps.zip`` -> ``model_vecnormalize_N_steps.pkl`` (SB3's checkpoint naming)."""
+    m = re.fullmatch(r"(.*)_(\d+)_steps", model_path.stem)
+    if m:
+        return model_path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps.pkl")
+    return model_path.with_name(model_path.stem.replace("model", "vecnormalize") + ".pkl")
 
 
 def algo_class(algo: str) -> Any:

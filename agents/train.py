@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from agents.agent import Agent, algo_class, make_env, run_episode
+from agents.agent import Agent, algo_class, make_env, run_episode, vecnormalize_path
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 VALIDATION_SEED = 99
@@ -146,15 +145,6 @@ class _TrainingWorkloads:
                 return self.env.unwrapped.action_masks()
 
         return SeedSequenceWrapper(make_env(scenario, env_kwargs))
-
-
-def vecnormalize_path(model_path: Path) -> Path:
-    """``model.zip`` -> ``vecnormalize.pkl``; ``best_model.zip`` -> ``best_vecnormalize.pkl``;
-    ``model_N_steps.zip`` -> ``model_vecnormalize_N_steps.pkl`` (SB3's checkpoint naming)."""
-    m = re.fullmatch(r"(.*)_(\d+)_steps", model_path.stem)
-    if m:
-        return model_path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps.pkl")
-    return model_path.with_name(model_path.stem.replace("model", "vecnormalize") + ".pkl")
 
 
 def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str, episodes: int, seed_base: int
@@ -291,6 +281,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         bc = {"policy": cfg.bc_from, **info, **behaviour_clone(model, venv, obs, masks, acts, cfg.bc_epochs,
                                                                 seed=cfg.seed)}
 
+    # settings and seeds first, so that checkpoints of an interrupted run can be evaluated
+    meta: dict[str, Any] = {
+        "name": name, "scenario": cfg.scenario, "algo": algo, "config": asdict(cfg), "hyperparams": hp,
+        "env_kwargs": env_kwargs, "overrides": env_kwargs.get("overrides", {}),
+        "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
+                  "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
+        "n_envs": n_envs, "vec": cfg.vec, "bc": bc, "status": "training",
+    }
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
+
     # 5. callbacks and learning
     val_over = dict(env_kwargs.get("overrides", {}))
     if cfg.validation_requests:
@@ -327,20 +327,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     venv.close()
     val_env.close()
 
-    meta = {
-        "name": name,
-        "scenario": cfg.scenario,
-        "algo": algo,
-        "config": asdict(cfg),
-        "hyperparams": hp,
-        "env_kwargs": env_kwargs,
-        "overrides": env_kwargs.get("overrides", {}),
-        "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
-                  "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
+    meta.update({
+        "status": "done",
         "timesteps": int(model.num_timesteps),
-        "n_envs": n_envs,
-        "vec": cfg.vec,
-        "bc": bc,
         "validation": {
             "baselines": {k: {"e2e_mean_s": v["e2e_s"]["mean"], "ttft_p99_s": v["ttft_s"]["p99"],
                               "completed": v["n_completed"], "arrived": v["n_arrived"]} for k, v in baselines.items()},
@@ -352,6 +341,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "episodes": summaries.n_episodes,
         "learn_wall_s": learn_s,
         "wall_s": time.perf_counter() - t0,
-    }
+    })
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
     return meta

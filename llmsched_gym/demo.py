@@ -55,8 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     from agents.report import parse_seeds
     from agents.train import TrainConfig, train
     from baselines import available
+    from llmsched_gym.core.scenarios import get_scenario
 
     quick = args.quick
+    workload = get_scenario(args.scenario)["workload"]
+    if "trace" in workload and "arrival" not in workload and not args.seeds:
+        # a replayed trace is the same workload whatever the seed: one seed, no confidence interval
+        args.seeds = "100"
+        print(f"note: {args.scenario} replays a fixed trace (its first N requests), so seeds do not change the "
+              "workload: one evaluation seed; training episodes are a prefix of the evaluation workload")
     train_n = args.train_requests or (100 if quick else 300)
     eval_n = args.n_requests or (150 if quick else 1000)
     timesteps = args.timesteps or (1024 if quick else 40_000)

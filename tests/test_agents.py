@@ -14,10 +14,10 @@ pytest.importorskip("sb3_contrib")
 
 from gymnasium import spaces  # noqa: E402
 
-from agents.agent import load_agent, make_env, run_episode  # noqa: E402
+from agents.agent import load_agent, make_env, run_episode, vecnormalize_path  # noqa: E402
 from agents.features import QueueSetExtractor  # noqa: E402
 from agents.report import mean_ci, parse_seeds  # noqa: E402
-from agents.train import TrainConfig, resolve, train, vecnormalize_path  # noqa: E402
+from agents.train import TrainConfig, resolve, train  # noqa: E402
 from llmsched_gym.cli import main  # noqa: E402
 
 SMALL = {"workload.n_requests": 120}
