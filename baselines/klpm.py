@@ -34,6 +34,9 @@ Departures from the paper, with reasons:
 
 from __future__ import annotations
 
+import heapq
+import math
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -62,25 +65,53 @@ class _PrefixAware(Scheduler):
         _check(self.max_prefill_tokens >= 0, "max_prefill_tokens", "an int >= 0 (0 = no cap)",
                self.max_prefill_tokens)
 
-    def _free_and_needs(self, view: EngineView, ids: list[int]) -> tuple[int, np.ndarray]:
-        """Free KV after reservations, and each candidate's need (tokens, whole blocks)."""
+    def reset(self, config, rng: np.random.Generator) -> None:
+        super().reset(config, rng)
+        self._prefix: list | None = None
+        self._waiting: set[int] = set()
+        self._by_need: list[tuple[int, int]] = []  # (need, request) heap, pruned lazily
+
+    # ---- memory, as fcfs: whole blocks, optionally reserving the predicted output ----------
+    def _need(self, view: EngineView, rid: int) -> int:
+        extra = int(view.predicted_output[rid]) if self.memory == "reserve" else 1
         bs = view.block_size
+        return -(-(int(view.prompt_tokens[rid]) + extra) // bs) * bs
+
+    def _free(self, view: EngineView) -> int:
         free = view.kv_free
-        extra: np.ndarray | int
-        if self.memory == "reserve":
-            run = np.asarray(view.running, dtype=np.int64)
-            if len(run):
-                kv = view.kv_tokens[run]
-                rest = view.predicted_output[run] - view.generated[run]
-                free -= int(((-(-(kv + rest) // bs)) - (-(-kv // bs))).sum()) * bs
-            extra = view.predicted_output[ids]
-        else:
-            extra = 1
-        need = -(-(view.prompt_tokens[ids] + extra) // bs) * bs
-        return free, need
+        run = view.running
+        if self.memory == "reserve" and run:
+            bs = view.block_size
+            kv = view.kv_tokens[run]
+            rest = view.predicted_output[run] - view.generated[run]
+            free -= int(((-(-(kv + rest) // bs)) - (-(-kv // bs))).sum()) * bs
+        return free
+
+    def _track(self, rid: int, view: EngineView) -> None:
+        self._waiting.add(rid)
+        heapq.heappush(self._by_need, (self._need(view, rid), rid))
+
+    def on_arrival(self, req_id: int, view: EngineView) -> bool:
+        self._track(req_id, view)
+        return True
+
+    def on_preempt(self, req_id: int, view: EngineView) -> None:
+        self._track(req_id, view)
+
+    def _min_need(self) -> float:
+        h = self._by_need
+        while h and h[0][1] not in self._waiting:
+            heapq.heappop(h)
+        return h[0][0] if h else math.inf
 
     def _matches(self, view: EngineView, ids: list[int]) -> np.ndarray:
-        m = np.fromiter((view.prefix_match(r) for r in ids), dtype=np.float64, count=len(ids))
+        if self._prefix is None:
+            wl = view.workload
+            self._prefix = wl.prefix if (view.config.prefix_cache and wl.has_prefix) else []
+        prefix = self._prefix
+        if not prefix:
+            return np.zeros(len(ids))
+        m = np.fromiter((view.prefix_match(r) if prefix[r] else 0 for r in ids), dtype=np.float64, count=len(ids))
         if getattr(self, "hit_metric", "absolute") == "ratio":
             m = m / view.prompt_tokens[ids]
         return m
@@ -91,8 +122,9 @@ class _PrefixAware(Scheduler):
             return self.rng.random(n)
         return np.arange(n, dtype=np.float64)
 
-    def _order(self, view: EngineView, waiting: list[int]) -> list[int]:
-        """Positions (into ``waiting``) in pick order; ``_consumed(k)`` is told how many were taken."""
+    def _order(self, view: EngineView, waiting: list[int]) -> Iterable[int]:
+        """Positions (into ``waiting``) in pick order, consumed lazily; ``_consumed(k)`` is then
+        told how many were taken."""
         raise NotImplementedError
 
     def _consumed(self, k: int, queue_empty: bool) -> None:
@@ -102,9 +134,9 @@ class _PrefixAware(Scheduler):
         waiting = view.waiting
         if not waiting:
             return BatchPlan.decode_only(hold=True)
-        free, need = self._free_and_needs(view, waiting)
+        free = self._free(view)
         room = self.max_batch - len(view.running) if self.max_batch else len(waiting)
-        if room <= 0 or need.min() > free:
+        if room <= 0 or self._min_need() > free:
             # nothing can start before a completion or an arrival, whatever the order
             return BatchPlan.decode_only(hold=True)
         prompt = view.prompt_tokens
@@ -114,13 +146,16 @@ class _PrefixAware(Scheduler):
             if len(admit) >= room:
                 break
             rid = waiting[pos]
-            if self.max_prefill_tokens and admit and tokens + int(prompt[rid]) > self.max_prefill_tokens:
+            p = int(prompt[rid])
+            if self.max_prefill_tokens and admit and tokens + p > self.max_prefill_tokens:
                 break
-            if need[pos] > free:
+            need = self._need(view, rid)
+            if need > free:
                 break
-            free -= int(need[pos])
-            tokens += int(prompt[rid])
+            free -= need
+            tokens += p
             admit.append(rid)
+            self._waiting.discard(rid)
         self._consumed(len(admit), len(admit) == len(waiting))
         # something fits but the order's head does not: matches may change (LRU evictions), so
         # the policy must look again next iteration
@@ -157,25 +192,25 @@ class KLPM(LPM):
         super().reset(config, rng)
         self.step = 0
 
-    def _order(self, view: EngineView, waiting: list[int]) -> list[int]:
-        n = len(waiting)
-        k = self.k
+    def _order(self, view: EngineView, waiting: list[int]) -> Iterator[int]:
+        n, k = len(waiting), self.k
         if k == 1:
-            return list(range(n))
-        lpm = iter(super()._order(view, waiting))
+            yield from range(n)
+            return
+        lpm: Iterator[int] | None = None  # computed at the first LPM slot only
         taken = bytearray(n)
         oldest = 0
-        order: list[int] = []
         for slot in range(self.step, self.step + n):
             if slot % k == 0:
                 while taken[oldest]:
                     oldest += 1
                 pos = oldest
             else:
+                if lpm is None:
+                    lpm = iter(LPM._order(self, view, waiting))
                 pos = next(p for p in lpm if not taken[p])
             taken[pos] = 1
-            order.append(pos)
-        return order
+            yield pos
 
     def _consumed(self, k: int, queue_empty: bool) -> None:
         self.step = 0 if (queue_empty and self.reset_on_empty) else self.step + k

@@ -22,6 +22,9 @@ that joins the waiting set is lifted to the lowest counter of the waiting client
 ``drr``            Appendix C.2's adapted deficit round robin with quantum ``quantum``
 =================  ==========================================================================
 
+State for observers (e.g. a learned policy): ``counter`` (per client, cost units divided by the
+weight), ``n_lifts`` and ``waiting_clients``; DRR adds ``credit``.
+
 Admission loop (LightLLM/S-LoRA, digest §1.2-1.3): when nothing runs, admit at once; otherwise
 every ``admit_every`` decode iterations (K = 10), and at every iteration after an attempt that
 admitted nothing. A minibatch takes requests in the policy's order until one does not fit
@@ -170,6 +173,11 @@ class _FairAdmission(Scheduler):
         cap = self.batch_max_tokens
         self._batch_cap = max(view.kv_capacity // 6, 3072) if cap == -1 else cap
         self._ready = True
+
+    @property
+    def waiting_clients(self) -> set[int]:
+        """Clients with a request in the waiting queue (the paper's "i in Q"); read only."""
+        return self._active
 
     # ---- queue bookkeeping ----------------------------------------------------------------
     def _enqueue(self, rid: int) -> None:

@@ -84,8 +84,8 @@ class Recorder:
 
     def _spread(self):
         p = self.p
-        if p._active:
-            c = [p.counter[i] for i in p._active]
+        if p.waiting_clients:
+            c = [p.counter[i] for i in p.waiting_clients]
             self.spread.append(max(c) - min(c))
 
     def _admit(self, view, plan: BatchPlan):
@@ -420,6 +420,21 @@ def test_cumulative_service_matches_bruteforce(pieces, times):
     frac = np.where(end[None] > start[None], np.clip((t[:, None] - start[None]) / span[None], 0, 1),
                     (t[:, None] >= start[None]).astype(float))
     np.testing.assert_allclose(got, (frac * amount[None]).sum(axis=1), atol=1e-6)
+
+
+def test_fairness_report_reads_a_result_or_its_engine_alike():
+    r = simulate(_overload(), "vtc")
+    a, b = fairness.fairness_report(r), fairness.fairness_report(r.engine)
+    assert a == b
+    assert a["tick_diff"]["max"] >= a["tick_diff"]["avg"] >= 0
+    assert len(a["service_over_time"]["per_client"]) == 2
+    assert a["throughput_in_out_tokens_per_s"] == pytest.approx(
+        (512 * r.summary["n_completed"]) / (r.engine.clock - r.engine.workload.arrival_s[0]))
+    times = np.linspace(0, r.engine.clock, 50)
+    gap = fairness.accumulated_gap(r, times)
+    w = fairness.service_curves(r, times)
+    np.testing.assert_allclose(gap, np.abs(w[:, 0] - w[:, 1]))
+    assert w[-1].sum() == pytest.approx(768 * r.summary["n_completed"])
 
 
 def test_tick_difference_is_zero_when_every_client_gets_what_it_asks():

@@ -25,12 +25,24 @@ the ticks. The artifact's ticks: ``x_k = k (T - w/2) / 20`` for ``k = 1..19`` wi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from llmsched_gym.sim import SimResult
+    from llmsched_gym.core.engine import Engine
+
+
+class Records(Protocol):
+    """A finished run as these functions read it: the per-request table and the engine
+    (:class:`~llmsched_gym.sim.SimResult` is one; a bare :class:`Engine` is accepted too)."""
+
+    requests: dict[str, np.ndarray]
+    engine: Engine
+
+
+if TYPE_CHECKING:
+    Run = Records | Engine
 
 CostFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """``h(n_p, n_q)``: vectorised over NumPy arrays of input and output token counts."""
@@ -56,7 +68,20 @@ def _quadratic(n_p, n_q, a: float, b: float, c: float, d: float, e: float) -> np
     return a * x + b * y + c * x * y + d * y * y + e
 
 
-def _pieces(result: SimResult, cost: CostFn, method: str) -> tuple[np.ndarray, ...]:
+class _Records:
+    """The per-request table and the engine of a run, built once."""
+
+    def __init__(self, run: Run) -> None:
+        from llmsched_gym.core.engine import Engine
+        from llmsched_gym.core.metrics import request_table
+
+        if isinstance(run, Engine):
+            self.requests, self.engine = request_table(run), run
+        else:
+            self.requests, self.engine = run.requests, run.engine
+
+
+def _pieces(result: _Records, cost: CostFn, method: str) -> tuple[np.ndarray, ...]:
     """(client, start, end, amount) of every service piece, spread uniformly on [start, end]."""
     req = result.requests
     state = req["state"]
@@ -94,11 +119,11 @@ def _cumulative(start: np.ndarray, end: np.ndarray, amount: np.ndarray, times: n
     return out
 
 
-def service_curves(result: SimResult, times, *, cost: CostFn | None = None, method: str = "spread",
+def service_curves(run: Run, times, *, cost: CostFn | None = None, method: str = "spread",
                    per_weight: bool = False) -> np.ndarray:
     """Cumulative service ``W_i(0, t)``: an array of shape ``(len(times), n_clients)``.
 
-    :param result: a finished run (:func:`llmsched_gym.simulate`).
+    :param run: a finished run: a :class:`~llmsched_gym.sim.SimResult` or its engine.
     :param times: the instants (seconds).
     :param cost: ``h(n_p, n_q)`` (default: linear with ``w_p = 1``, ``w_q = 2``).
     :param method: ``spread`` or ``tokens`` (module docstring).
@@ -106,6 +131,7 @@ def service_curves(result: SimResult, times, *, cost: CostFn | None = None, meth
     """
     cost = cost or make_cost()
     times = np.atleast_1d(np.asarray(times, dtype=float))
+    result = _Records(run)
     wl = result.engine.workload
     client, start, end, amount = _pieces(result, cost, method)
     curves = np.zeros((len(times), wl.n_clients))
@@ -113,19 +139,20 @@ def service_curves(result: SimResult, times, *, cost: CostFn | None = None, meth
         m = client == i
         curves[:, i] = _cumulative(start[m], end[m], amount[m], times)
     if per_weight:
-        curves /= wl.client_weight[None, :]
+        curves /= np.asarray(wl.client_weight)[None, :]
     return curves
 
 
-def window_service(result: SimResult, t1: float, t2: float, **kw: Any) -> np.ndarray:
+def window_service(run: Run, t1: float, t2: float, **kw: Any) -> np.ndarray:
     """Service ``W_i(t1, t2)`` of every client (keyword arguments as :func:`service_curves`)."""
-    c = service_curves(result, [t1, t2], **kw)
+    c = service_curves(run, [t1, t2], **kw)
     return c[1] - c[0]
 
 
-def requested_service(result: SimResult, t1: float, t2: float, cost: CostFn | None = None) -> np.ndarray:
+def requested_service(run: Run, t1: float, t2: float, cost: CostFn | None = None) -> np.ndarray:
     """Cost of the requests each client sent in ``[t1, t2)``, rejected requests excluded."""
     cost = cost or make_cost()
+    result = _Records(run)
     req = result.requests
     m = (req["arrival_s"] >= t1) & (req["arrival_s"] < t2) & (req["state"] != REJECTED)
     n_clients = result.engine.workload.n_clients
@@ -133,15 +160,15 @@ def requested_service(result: SimResult, t1: float, t2: float, cost: CostFn | No
                        minlength=n_clients)
 
 
-def accumulated_gap(result: SimResult, times, clients=None, **kw: Any) -> np.ndarray:
+def accumulated_gap(run: Run, times, clients=None, **kw: Any) -> np.ndarray:
     """``max_{i,j} |W_i(0, t) - W_j(0, t)|`` over ``clients`` (default: all) at each time."""
-    c = service_curves(result, times, **kw)
+    c = service_curves(run, times, **kw)
     if clients is not None:
         c = c[:, list(clients)]
     return c.max(axis=1) - c.min(axis=1)
 
 
-def tick_service_difference(result: SimResult, *, horizon_s: float = 600.0, window_s: float = 60.0,
+def tick_service_difference(run: Run, *, horizon_s: float = 600.0, window_s: float = 60.0,
                             n_ticks: int = 20, cost: CostFn | None = None, method: str = "spread") -> dict[str, Any]:
     """The paper's per-tick service difference with Max/Avg/Var over the ticks (§4.2).
 
@@ -149,6 +176,7 @@ def tick_service_difference(result: SimResult, *, horizon_s: float = 600.0, wind
     follow the artifact (module docstring).
     """
     cost = cost or make_cost()
+    result = _Records(run)
     ticks = np.arange(1, n_ticks) * (horizon_s - window_s / 2) / n_ticks
     bounds = np.concatenate([ticks, ticks + window_s])
     curves = service_curves(result, bounds, cost=cost, method=method)
@@ -163,18 +191,21 @@ def tick_service_difference(result: SimResult, *, horizon_s: float = 600.0, wind
             "values": d.tolist()}
 
 
-def throughput_in_out(result: SimResult) -> float:
+def throughput_in_out(run: Run) -> float:
     """The paper's throughput: input + output tokens of completed requests per second of run."""
+    result = _Records(run)
     req = result.requests
     m = req["state"] == DONE
     span = float(result.engine.clock) - float(result.engine.workload.arrival_s[0])
     return float((req["prompt_tokens"][m].sum() + req["output_tokens"][m].sum()) / max(span, 1e-12))
 
 
-def fairness_report(result: SimResult, *, cost: CostFn | None = None, horizon_s: float | None = None,
+def fairness_report(run: Run, *, cost: CostFn | None = None, horizon_s: float | None = None,
                     n_times: int = 200) -> dict[str, Any]:
-    """The seed 002 numbers of one run: per-tick difference, accumulated gap over time, per-client
-    service over time (``n_times`` instants up to the end of the run) and throughput (in + out)."""
+    """The seed 002 numbers of one run, ready for the summary: per-tick difference (horizon: 600 s
+    or the run's end if sooner), the largest accumulated gap, per-client service over time
+    (``n_times`` instants up to the end of the run) and throughput (in + out tokens/s)."""
+    result = _Records(run)
     end = float(result.engine.clock)
     horizon = horizon_s if horizon_s is not None else min(600.0, end)
     times = np.linspace(0.0, end, n_times)
@@ -189,6 +220,6 @@ def fairness_report(result: SimResult, *, cost: CostFn | None = None, horizon_s:
 
 
 __all__ = [
-    "COST_NAMES", "CostFn", "accumulated_gap", "fairness_report", "make_cost", "requested_service",
+    "COST_NAMES", "CostFn", "Records", "accumulated_gap", "fairness_report", "make_cost", "requested_service",
     "service_curves", "throughput_in_out", "tick_service_difference", "window_service",
 ]
