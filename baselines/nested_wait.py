@@ -19,8 +19,8 @@ Thresholds (``rule``): ``ratio`` (default) is section 6.2's "proportional to the
 each segment", n_k ∝ Lambda_k gamma^(k-1) (Lambda_k = rate of requests that reach segment k),
 scaled as the companion code does, n_k = ceil(B w_k / sum_k S_k w_k) with S_k the stages of
 segment k, so a full batch holds about ``batch_size`` = B requests (B = 0: the largest scale
-whose M^pi fits in C, rounded down); gamma = 1 is the paper's
-experiments (n_(k+1)/n_k = p_k exactly), gamma > 1 gives the strict drift of Eq. 12. ``fluid``:
+whose M^pi fits in C, rounded down; the default 256 is vLLM's ``max_num_seqs``); gamma = 1 is
+the paper's experiments (n_(k+1)/n_k = p_k exactly), gamma > 1 the strict drift of Eq. 12. ``fluid``:
 the digest's recipe (:func:`llmsched_gym.fluid.nested_wait_thresholds`), n_k = c Lambda_k
 gamma^(k-1) with c = (1 + ``slack``) times the smallest c meeting Eq. 12a, rounded up.
 ``explicit``: ``thresholds``. After setup ``n`` holds the thresholds and ``memory_requirement``
@@ -35,7 +35,9 @@ Readings and departures:
   emits token 1 it is the prefill plus tokens 2..b_1.
 * Lambda_k, the prefill length l and the total rate come from the workload's predicted output
   lengths, prompts and arrival span (the paper's known rates and length distribution).
-* A request that outlives b_m stays in the last segment.
+* A request that outlives b_m stays in the last segment. Without explicit ``boundaries``, a
+  boundary at which no request of the workload ends is dropped (it would only add a
+  synchronisation point; the fluid recipe needs every segment's rate > 0).
 * End of horizon (digest 5.6 recommends against the companion code's dropping): once no arrival
   is left, every segment runs with min(n_k, count) per stage and no threshold, so all drain.
 * Eq. 1's d0, d1 (``fluid`` rule) come from :func:`baselines.wait.linear_coefficients`; M^pi

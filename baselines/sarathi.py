@@ -8,7 +8,8 @@ Then running requests with an unfinished prefill get their next chunk (what the 
 and finally waiting requests are admitted head first while ``max_num_seqs``, the budget and the
 admission test (free blocks - the whole prompt's blocks >= the 1 % watermark) allow, each with a
 chunk of what the budget leaves. Mixed prefill/decode batches are the norm. Nothing is admitted
-on a step that preempted (the victim heads the queue and would not fit).
+on a step that preempted (the victim heads the queue and would not fit). ``max_num_seqs``
+defaults to Vidur's ``batch_size_cap`` (128).
 
 Departures: Vidur allocates a request's prompt blocks at admission; the engine grows KV chunk by
 chunk, so the policy keeps the remaining prompt blocks of unfinished prefills reserved instead

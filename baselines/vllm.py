@@ -18,6 +18,10 @@ prefill-only batches first. Waiting requests are admitted head first while the a
 the step is a prefill-only batch. Otherwise every running request decodes, preempting the newest
 running request (recompute) while a decode lacks a block.
 
+Defaults: v1 ``max_num_batched_tokens`` 8192 and ``max_num_seqs`` 256 (vLLM's for an OpenAI
+server on an 80 GB GPU), ``long_prefill_token_threshold`` 0 (off); v0 4096 padded tokens (Vidur's
+``max_tokens_in_batch``) and 256 sequences; ``watermark`` 0.01 for both.
+
 Departures:
 
 * Block accounting follows the engine (a decode needs a new block only when its last block is
@@ -27,9 +31,11 @@ Departures:
   asks; set ``watermark=0`` for vLLM v1's exact rule.
 * v0: a prompt longer than ``max_num_batched_tokens`` is admitted alone (vLLM ignores it with an
   error; dropping requests would break the conservation invariant).
-* Blocks freed by a preemption are counted without the request's shared prefix blocks' owners;
-  when that estimate is off, the engine's ``preempt_lifo_recompute`` handler (forced below)
-  evicts the newest requests, which is vLLM's own rule.
+* The view does not say which prefix blocks are shared: an admitted request is charged its hit
+  blocks too (they may be idle cache blocks it re-references) and a preempted one is credited
+  all its blocks. When the second estimate is off, the engine's ``preempt_lifo_recompute``
+  handler evicts the newest requests, vLLM's own rule. The policies force that handler,
+  recompute preemption and the prompt - 1 cap on prefix hits (``engine_overrides``).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
 from .base import PolicyError, configure, register
 
-VLLM_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute"}
+VLLM_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute", "prefix_cap_prompt_minus_one": True}
 
 
 def decode_blocks(view: EngineView, rid: int) -> int:
