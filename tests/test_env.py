@@ -450,3 +450,74 @@ def test_render_ansi_and_rgb_array():
     assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
     assert (img[..., 1] > img[..., 0]).any()  # some green KV bars
     assert LLMSchedEnv.metadata["render_fps"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# action modes on constructed instances
+
+
+def test_knob_alpha_protection_margin_limits_the_batch():
+    # capacity 10, prompts 4 (no token at prefill): alpha = 0.5 admits one request (4 <= 5, 8 > 5),
+    # alpha = 0 admits both (8 <= 10)
+    for knob, admitted in (([1.0, 1.0], 1), ([-1.0, 1.0], 2)):
+        env = LLMSchedEnv(tiny([4, 4], [1, 1], capacity=10), action_mode="knob", K=2)
+        env.reset(seed=0)
+        env.step(np.array(knob, np.float32))
+        assert int(np.sum(env.engine.first_scheduled_s == 0.0)) == admitted
+
+
+def test_priority_admits_by_decreasing_score_and_never_below_zero():
+    env = LLMSchedEnv(tiny([2, 2, 2], [3, 3, 3], capacity=100), action_mode="priority", K=3)
+    env.reset(seed=0)
+    env.step(np.array([0.2, 0.9, -0.5], np.float32))
+    e = env.engine
+    assert e.running[:2] == [1, 0] and np.isnan(e.first_scheduled_s[2])
+
+
+def test_shortest_order_shows_the_shortest_predicted_outputs_first():
+    env = LLMSchedEnv(tiny([2, 2, 2, 2], [9, 3, 7, 1], capacity=100), order="shortest", K=4)
+    env.reset(seed=0)
+    assert env._slots == [3, 1, 2, 0]
+    obs, *_ = env.step(0)
+    assert env._slots == [1, 2, 0]
+    assert obs["running"][11] > 0  # one request chosen for the batch being formed
+
+
+def test_queue_features_carry_slo_slack_and_client_deficit():
+    env = LLMSchedEnv("echo-hybrid", overrides=SMALL["echo-hybrid"])
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    slack, cls = [], []
+    for _ in range(60):
+        q = obs["queue"].reshape(env.K, len(QUEUE_FEATURES))
+        slack += q[q[:, 0] == 1, 8].tolist()
+        cls += q[q[:, 0] == 1, 7].tolist()
+        obs, _, term, trunc, _ = env.step(random_action(env, rng))
+        if term or trunc:
+            break
+    assert min(slack) < 1.0 and 1.0 in cls and 0.0 in cls
+    env = LLMSchedEnv("vtc-arena", overrides=SMALL["vtc-arena"], admission="none")
+    obs, _ = env.reset(seed=0)
+    deficits = []
+    for _ in range(200):
+        q = obs["queue"].reshape(env.K, len(QUEUE_FEATURES))
+        deficits += q[q[:, 0] == 1, 6].tolist()
+        obs, _, term, trunc, _ = env.step(env.K)
+        if term or trunc:
+            break
+    assert max(deficits) > 0.0
+
+
+def test_fuzz_random_masked_steps_keep_every_request_and_valid_observations():
+    from llmsched_gym.env.bench import fuzz_env
+
+    out = fuzz_env(steps=3000, seed=7, n_requests=30)
+    assert out["steps"] == 3000 and out["episodes"] > 10
+
+
+def test_bench_env_reports_rates():
+    from llmsched_gym.env.bench import bench_env
+
+    out = bench_env("jaillet-high", steps=300, n_requests=50)
+    assert out["steps"] == 300 and out["steps_per_s"] > 0 and out["steps_per_cpu_s"] > 0
+    assert out["requests_completed"] > 0

@@ -60,9 +60,15 @@ class FutureProfile:
             self.peak = 0
         self._cs, self._table = c, table
 
-    def fits(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """Whether each candidate ``(c[i], base[i])`` alone keeps every peak up to its completion
-        within capacity: the peaks before ``c`` (prefix maximum) and the one at ``c`` (its own)."""
+    def room(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Tokens to spare for each candidate ``(c[i], base[i])``: ``M`` minus the worst peak it
+        would create up to its completion (the peaks before ``c``, a prefix maximum, and its own
+        at ``c``). It fits iff ``room >= 0``; with ``x`` more tokens held throughout, iff
+        ``room >= x``."""
         row = self._table[np.searchsorted(self._cs, c, side="left")]
         own = row[:, 1] + c * row[:, 2]
-        return np.maximum(row[:, 0], own) + base <= self.capacity
+        return self.capacity - base - np.maximum(row[:, 0], own)
+
+    def fits(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """Whether each candidate alone keeps every peak up to its completion within capacity."""
+        return self.room(c, base) >= 0

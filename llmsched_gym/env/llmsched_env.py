@@ -33,6 +33,7 @@ ORDERS = ("arrival", "shortest", "prompt", "deadline")
 HOOKS = ("on_arrival", "on_tokens", "on_prefill", "on_preempt", "on_finish")
 _F = {name: i for i, (name, *_rest) in enumerate(obs_mod.QUEUE_FEATURES)}
 _EDGES = list(obs_mod.REMAINING_BIN_EDGES)
+_EDGES_ARRAY = np.array(_EDGES, np.int64)
 _N_BINS = len(_EDGES) + 1
 
 
@@ -535,7 +536,10 @@ class LLMSchedEnv(gym.Env):
         st[:, _F["uncertainty"]] = obs_mod.predictor_spread(self._spec["workload"].get("predictor"), self._pred)
         st[:, _F["task_class"]] = wl.task_class
         st[:, _F["slo_slack"]] = 1.0
-        self._static = np.vstack((st, np.zeros((1, st.shape[1]), np.float32)))
+        # one more all-zero row pads empty slots; age, prefix hit, service deficit and SLO slack are
+        # filled in once per decision boundary for the requests the slots may show (_window)
+        self._rows = np.vstack((st, np.zeros((1, st.shape[1]), np.float32)))
+        self._room = np.zeros(len(wl))
         self._pad_ids = [len(wl)] * self.K
         self._arrival_u = wl.arrival_s * self._inv_unit
         self._ones = np.ones(self.K, bool)
@@ -561,7 +565,7 @@ class LLMSchedEnv(gym.Env):
             self._need[rid] = (target + self._emit + self._pad) // self._bs
         self._cand_c[rid] = rem + 1 - self._emit
         self._cand_b[rid] = target + self._emit - 1 + self._pad
-        st = self._static[rid]
+        st = self._rows[rid]
         st[_F["prompt"]] = self._tbl[min(target, self._cap_tokens)]
         st[_F["predicted_output"]] = self._tbl[min(max(int(self._pred[rid] - self._gen[rid]), 0), self._cap_tokens)]
 
@@ -633,12 +637,15 @@ class LLMSchedEnv(gym.Env):
         self._sel_peaks = 0
         self._residents_ok = False
         self._profile_ok = False
+        self._row_upto = self._room_upto = 0
         running = e.running
         if self._bs == 1:
             growth = len(running) - e.n_in_prefill
         elif running:
-            self._residents()
-            growth = int(np.count_nonzero(self._run_kv[self._run_dec] % self._bs == 0))
+            run = np.array(running, np.int64)
+            if e.n_in_prefill:
+                run = run[e.prefilled[run] >= self._target[run]]
+            growth = int(np.count_nonzero(self._kvt[run] % self._bs == 0))
         else:
             growth = 0
         self._free = self._cap_blocks - e.kv.used_blocks - growth
@@ -666,30 +673,50 @@ class LLMSchedEnv(gym.Env):
         run = np.array(e.running, np.int64)
         kv = self._kvt[run]
         rem = np.maximum(self._pred[run] - self._gen[run], 1)
-        self._run_kv = kv
         self._n_run = len(run)
-        self._run_dec = (e.prefilled[run] >= self._target[run]) if e.n_in_prefill else slice(None)
-        self._run_hist = np.bincount(np.searchsorted(_EDGES, rem, side="right"), minlength=_N_BINS)
-        order = rem.argsort(kind="stable")
-        self._line_c = rem[order]
-        self._line_b = kv[order] + self._pad if self._pad else kv[order]
+        self._run_hist = np.bincount(_EDGES_ARRAY.searchsorted(rem, side="right"), minlength=_N_BINS)
+        # sort the lines by completion point: one sort of (c, base) packed into an int64
+        packed = np.sort((rem << 32) | (kv + self._pad))
+        self._line_c = packed >> 32
+        self._line_b = packed & 0xFFFFFFFF
         self._fp_run.build(self._line_c, self._line_b)
+        r = np.zeros(len(obs_mod.RUNNING_FEATURES), np.float32)
+        n = len(run)
+        if n:
+            r[0] = math.log1p(n) * self._inv_log_cap
+            r[1] = min(e.kv.used_blocks / self._cap_blocks, 2.0)
+            r[2:2 + _N_BINS] = self._run_hist * (1.0 / n)
+            r[2 + _N_BINS] = min(self._fp_run.peak / self._cap_tokens, 2.0)
+        self._run_obs = r
+
+    def _window(self, covered: int) -> tuple[np.ndarray | None, int]:
+        """Queue entries the slots may show before the caches filled up to ``covered`` run out
+        (``None`` while they last); caches are filled K entries ahead, so that a run of selections
+        (each shifts the slots by one) needs no refill."""
+        need = self.K + len(self._sel)
+        if need <= covered:
+            return None, covered
+        return np.array(self._queue[: need + self.K], np.int64), need + self.K
+
+    def _rooms(self, ids: np.ndarray) -> np.ndarray:
+        """Eq. (1) room of requests ``ids`` (slots) against the running requests (cached per boundary)."""
+        new, self._room_upto = self._window(self._room_upto)
+        if new is not None:
+            self._residents()
+            self._room[new] = self._fp_run.room(self._cand_c[new], self._cand_b[new])
+        return self._room[ids]
 
     def _future_fits(self, ids: np.ndarray) -> np.ndarray:
         """The ``future`` rule for requests ``ids`` given the running requests and the batch so far.
 
-        Failing against the running requests alone is final (chosen requests only add memory);
-        passing with each chosen request's peak ``base + c`` taken away from the room everywhere
-        is sufficient. The exact profile with the chosen requests' lines is built only when some
-        request falls between the two."""
-        self._residents()
-        c, b = self._cand_c[ids], self._cand_b[ids]
+        No room against the running requests alone is final (chosen requests only add memory);
+        room for every chosen request's peak ``base + c`` held throughout is sufficient. The exact
+        profile with the chosen requests' lines is built only when some request falls between."""
+        room = self._rooms(ids)
+        sure = room >= self._sel_peaks
         if not self._sel_c:
-            return self._fp_run.fits(c, b)
-        n = len(ids)
-        both = self._fp_run.fits(np.concatenate((c, c)), np.concatenate((b, b + self._sel_peaks)))
-        sure = both[n:]
-        unsure = both[:n] > sure
+            return sure
+        unsure = (room >= 0) > sure
         if not unsure.any():
             return sure
         if not self._profile_ok:
@@ -698,15 +725,9 @@ class LLMSchedEnv(gym.Env):
             order = lc.argsort(kind="stable")
             self._fp.build(lc[order], lb[order])
             self._profile_ok = True
-        sure[unsure] = self._fp.fits(c[unsure], b[unsure])
+        cand = ids[unsure]
+        sure[unsure] = self._fp.fits(self._cand_c[cand], self._cand_b[cand])
         return sure
-
-    def _future_feature(self, ids: np.ndarray) -> np.ndarray:
-        """The ``fits_future`` feature when the admission rule is not ``future``: the rule against the
-        running requests with the chosen requests counted at their peak throughout (exact while
-        nothing is chosen, conservative after: a 1 always passes the exact rule)."""
-        self._residents()
-        return self._fp_run.fits(self._cand_c[ids], self._cand_b[ids] + self._sel_peaks)
 
     def _fill_slots(self) -> None:
         q, k = self._queue, self.K
@@ -725,7 +746,7 @@ class LLMSchedEnv(gym.Env):
         if self.admission == "current":
             ok = fits
         elif self.admission == "none":
-            ok = self._ones[: len(slots)]
+            ok = self._ones[:n]
         else:
             ok = self._fits_future = self._future_fits(ids)
         self._ok = ok
@@ -788,39 +809,32 @@ class LLMSchedEnv(gym.Env):
     # observation and info
     def _observe(self):
         e = self.engine
-        q = self._static.take(self._ids_pad, axis=0)
         n = len(self._slots)
         now = e.clock
         if n:
             ids = self._ids
-            age = np.log1p(now * self._inv_unit - self._arrival_u[ids])
-            age *= self._inv_log_time
-            q[:n, _F["age"]] = np.minimum(age, 1.0, out=age)
-            if self._prefix:
-                q[:n, _F["prefix_hit"]] = [e.kv.match_tokens(e, r) / self._prompt[r] for r in self._slots]
-            if self._multi_client:
-                q[:n, _F["service_deficit"]] = self._deficit(ids)
-            if self._has_ttft:
-                slack = np.clip((self._deadline[ids] - now) * self._inv_slo[ids], -1.0, 1.0)
-                q[:n, _F["slo_slack"]] = np.where(self._ttft_mask[ids], slack, 1.0)
+            new, self._row_upto = self._window(self._row_upto)
+            if new is not None:
+                self._fill_rows(new, now)
+        q = self._rows.take(self._ids_pad, axis=0)
+        if n:
             q[:n, _F["fits_now"]] = self._fits_now
             ff = self._fits_future
             if ff is None:
-                ff = self._fits_future = self._future_feature(ids)
+                # not the admission rule: the chosen requests count at their peak throughout
+                ff = self._fits_future = self._rooms(ids) >= self._sel_peaks
             q[:n, _F["fits_future"]] = ff
         self._residents()
         n_sel = len(self._sel)
-        n_res = self._n_run + n_sel
-        if n_res:
-            hist = self._run_hist + self._sel_hist if n_sel else self._run_hist
-            r = np.concatenate((
-                (math.log1p(n_res) * self._inv_log_cap,
-                 min((e.kv.used_blocks + self._sel_blocks) / self._cap_blocks, 2.0)),
-                hist * (1.0 / n_res),
-                (min(self._fp_run.peak / self._cap_tokens, 2.0), math.log1p(n_sel) * self._inv_log_cap),
-            )).astype(np.float32)
+        if n_sel:
+            r = self._run_obs.copy()
+            n_res = self._n_run + n_sel
+            r[0] = math.log1p(n_res) * self._inv_log_cap
+            r[1] = min((e.kv.used_blocks + self._sel_blocks) / self._cap_blocks, 2.0)
+            r[2:2 + _N_BINS] = (self._run_hist + self._sel_hist) * (1.0 / n_res)
+            r[3 + _N_BINS] = math.log1p(n_sel) * self._inv_log_cap
         else:
-            r = np.zeros(len(obs_mod.RUNNING_FEATURES), np.float32)
+            r = self._run_obs.copy()
         recent = e.next_idx - bisect.bisect_left(self._arrival_list, now - self._rate_window, 0, e.next_idx)
         g = np.array((
             min(e.kv.used_blocks / self._cap_blocks, 2.0),
@@ -833,6 +847,20 @@ class LLMSchedEnv(gym.Env):
         if self.flat:
             return np.concatenate((q.reshape(-1), r, g))
         return {"queue": q.reshape(-1), "running": r, "globals": g}
+
+    def _fill_rows(self, ids: np.ndarray, now: float) -> None:
+        """The boundary-dependent queue features of requests ``ids`` (constant while a batch forms)."""
+        e, rows = self.engine, self._rows
+        age = np.log1p(now * self._inv_unit - self._arrival_u[ids])
+        age *= self._inv_log_time
+        rows[ids, _F["age"]] = np.minimum(age, 1.0, out=age)
+        if self._prefix:
+            rows[ids, _F["prefix_hit"]] = [e.kv.match_tokens(e, r) / self._prompt[r] for r in ids.tolist()]
+        if self._multi_client:
+            rows[ids, _F["service_deficit"]] = self._deficit(ids)
+        if self._has_ttft:
+            slack = np.clip((self._deadline[ids] - now) * self._inv_slo[ids], -1.0, 1.0)
+            rows[ids, _F["slo_slack"]] = np.where(self._ttft_mask[ids], slack, 1.0)
 
     def _deficit(self, ids: np.ndarray) -> np.ndarray:
         e = self.engine
