@@ -10,11 +10,20 @@ Prefix cache (vLLM's automatic prefix caching, seed 001/004): a request's sharea
 request's prefill completes, its full head blocks enter the cache; while referenced they count
 as used, and when unreferenced they stay cached (reclaimable, so counted as free for admission)
 until allocation pressure evicts them, least recently used first. Hits skip prefill work.
+
+Eviction order is pluggable (seed 001's task-aware manager): a scheduler may install
+``set_eviction_priority(fn)``; idle blocks are then evicted lowest ``fn(block_hash)`` first, least
+recently released first among equal priorities (deeper blocks first on a tie, as in vLLM), and the
+scheduler calls ``reprioritize`` when priorities of cached blocks change. Without it the order is
+plain LRU.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,11 +63,18 @@ class KVCache:
         self._prefix = workload.prefix
         self._prompt = workload.prompt_tokens
         self._hashes: dict[int, list[int]] = {}
+        self._by_segments: dict[tuple, list[int]] = {}
         self._ref: dict[int, int] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()
         self._held: dict[int, list[int]] = {}
         self.hit_tokens = 0
         self.evicted_blocks = 0
+        # priority eviction (None = LRU): idle hash -> (priority, release seq); lazy-deletion heap
+        self._priority: Callable[[int], float] | None = None
+        self._entry: dict[int, tuple[float, int]] = {}
+        self._heap: list[tuple[float, int, int]] = []
+        self._seq = 0
+        self._count: dict[float, int] = {}
 
     @property
     def used_tokens(self) -> int:
@@ -76,8 +92,15 @@ class KVCache:
     def _block_hashes(self, rid: int) -> list[int]:
         h = self._hashes.get(rid)
         if h is None:
-            h = []
             segs = self._prefix[rid] if self._prefix is not None else None
+            if segs and not isinstance(segs, tuple):
+                segs = tuple(tuple(x) for x in segs)
+            # requests with the same segments share one (read-only) hash list
+            h = self._by_segments.get(segs) if segs else None
+            if h is not None:
+                self._hashes[rid] = h
+                return h
+            h = []
             if segs:
                 bs = self.block_size
                 pieces: list[tuple[int, int]] = []
@@ -98,6 +121,7 @@ class KVCache:
                         acc += n_tok
                     prev = hash((prev, tuple(covered)))
                     h.append(prev)
+                self._by_segments[segs] = h
             self._hashes[rid] = h
         return h
 
@@ -128,7 +152,7 @@ class KVCache:
         for hsh in hashes:
             r = self._ref[hsh]
             if r == 0:
-                del self._idle[hsh]
+                self._unidle(hsh)
                 newly_used += 1
             self._ref[hsh] = r + 1
         self.used_blocks += newly_used
@@ -151,7 +175,7 @@ class KVCache:
             else:
                 # computed twice concurrently: share the existing block, drop our copy
                 if r == 0:
-                    del self._idle[hsh]
+                    self._unidle(hsh)
                 else:
                     self.used_blocks -= 1
                 self._ref[hsh] = r + 1
@@ -168,14 +192,108 @@ class KVCache:
             self._ref[hsh] = r
             if r == 0:
                 self._idle[hsh] = None
+                if self._priority is not None:
+                    self._push(hsh)
                 self.used_blocks -= 1
         self.shared[rid] = 0
 
     def make_room(self, n_blocks: int) -> None:
-        """Evict idle cached blocks (LRU first) so ``n_blocks`` more can be allocated."""
+        """Evict idle cached blocks (LRU first, or by priority) so ``n_blocks`` more can be allocated."""
         excess = self.used_blocks + len(self._idle) + n_blocks - self.capacity_blocks
         while excess > 0 and self._idle:
-            hsh, _ = self._idle.popitem(last=False)
+            if self._priority is None:
+                hsh, _ = self._idle.popitem(last=False)
+            else:
+                hsh = self._pop_lowest()
             del self._ref[hsh]
             self.evicted_blocks += 1
             excess -= 1
+
+    # ---- queries for schedulers ----------------------------------------------------------
+    def block_hashes(self, rid: int) -> list[int]:
+        """Hashes of ``rid``'s full shareable head blocks, in prompt order."""
+        return self._block_hashes(rid)
+
+    def match_detail(self, rid: int) -> tuple[int, int]:
+        """``(matched, idle)``: the head blocks ``rid`` would reuse now (:meth:`match_blocks`) and
+        how many of them are idle, i.e. become used (not newly allocated) when it is admitted."""
+        if not self.enabled:
+            return 0, 0
+        limit = (int(self._prompt[rid]) - 1) // self.block_size if self.cap_prompt_minus_one else -1
+        ref = self._ref
+        m = idle = 0
+        for hsh in self._block_hashes(rid):
+            if m == limit:
+                break
+            r = ref.get(hsh)
+            if r is None:
+                break
+            m += 1
+            if r == 0:
+                idle += 1
+        return m, idle
+
+    def next_evictions(self, k: int) -> list[int]:
+        """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
+        return list(islice(self._idle, k))
+
+    def idle_below(self, priority: float) -> int:
+        """Idle blocks whose eviction priority is below ``priority`` (priority mode only)."""
+        return sum(n for p, n in self._count.items() if p < priority)
+
+    # ---- pluggable eviction priority -----------------------------------------------------
+    def set_eviction_priority(self, priority: Callable[[int], float] | None) -> None:
+        """Evict idle blocks lowest ``priority(block_hash)`` first (LRU among equals); ``None``
+        restores plain LRU. Blocks already idle keep their LRU rank."""
+        self._priority = priority
+        self._entry, self._heap, self._count = {}, [], {}
+        if priority is not None:
+            for hsh in self._idle:
+                self._push(hsh)
+
+    def reprioritize(self, hashes: Iterable[int]) -> None:
+        """The priorities of ``hashes`` changed; idle ones are re-ranked (their LRU rank kept)."""
+        if self._priority is None:
+            return
+        entry = self._entry
+        for hsh in hashes:
+            old = entry.get(hsh)
+            if old is not None:
+                p = self._priority(hsh)
+                if p != old[0]:
+                    self._uncount(old[0])
+                    self._insert(hsh, p, old[1])
+
+    def _push(self, hsh: int) -> None:
+        self._seq += 1
+        self._insert(hsh, self._priority(hsh), self._seq)  # type: ignore[misc]
+
+    def _insert(self, hsh: int, p: float, seq: int) -> None:
+        self._entry[hsh] = (p, seq)
+        self._count[p] = self._count.get(p, 0) + 1
+        heapq.heappush(self._heap, (p, seq, hsh))
+        if len(self._heap) > 4 * len(self._entry) + 1024:
+            self._heap = [(q, s, h) for h, (q, s) in self._entry.items()]
+            heapq.heapify(self._heap)
+
+    def _uncount(self, p: float) -> None:
+        n = self._count[p] - 1
+        if n:
+            self._count[p] = n
+        else:
+            del self._count[p]
+
+    def _unidle(self, hsh: int) -> None:
+        del self._idle[hsh]
+        if self._priority is not None:
+            self._uncount(self._entry.pop(hsh)[0])
+
+    def _pop_lowest(self) -> int:
+        heap, entry = self._heap, self._entry
+        while True:
+            p, seq, hsh = heapq.heappop(heap)
+            if entry.get(hsh) == (p, seq):
+                del self._idle[hsh]
+                del entry[hsh]
+                self._uncount(p)
+                return hsh
