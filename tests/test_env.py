@@ -101,6 +101,22 @@ def test_every_scenario_runs_an_episode_through_gymnasium_make(scenario):
     assert s["n_completed"] == s["n_arrived"] == len(env.unwrapped.engine.workload)
 
 
+def test_import_registers_both_ids_and_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, llmsched_gym, gymnasium as gym; "
+            "print(sorted(m for m in ('torch', 'stable_baselines3', 'sb3_contrib', 'matplotlib') if m in sys.modules)); "
+            "print(gym.spec('LLMSched-v0').entry_point, gym.spec('LLMSchedGPU-v0').nondeterministic)")
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=root).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "llmsched_gym.env.llmsched_env:LLMSchedEnv True"
+
+
 def test_max_episode_steps_truncates():
     env = gym.make("llmsched_gym:LLMSched-v0", scenario="jaillet-high", n_requests=200, max_episode_steps=5)
     env.reset(seed=0)

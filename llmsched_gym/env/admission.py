@@ -3,10 +3,15 @@
 * ``current``: the request's prefill (prompt, or prompt + generated after a recompute preemption,
   plus the first token when prefill emits one) fits in the KV that is free now, after this
   iteration's decode growth and what the batch being formed already reserves. Memory is counted in
-  whole blocks, so a rule-abiding batch never overflows in the iteration it starts.
+  whole blocks, so a batch of admissible requests never overflows in the iteration it starts.
 * ``future``: seed 000's Eq. (1) (MC-SF, digest section 2.1) with predicted output lengths and
   time in iterations: admitting the request keeps the predicted KV of every resident request at or
-  below the capacity at every future completion point, the candidate's own included.
+  below the capacity at every completion point up to its own (the paper checks ``t'`` in
+  ``[t, t_max(U)]``), the candidate's own completion included (erratum E10). A running request that
+  outlived its prediction is taken to finish in the next iteration; in paged mode each request is
+  charged ``block_size - 1`` more tokens (its partly filled last block), so the test stays
+  sufficient. Same readings as ``baselines/mcsf.py``, so the env under this rule admits exactly
+  what MC-SF may admit.
 * ``none``: anything in the queue; an overflow is left to the engine's overflow handler.
 
 :class:`FutureProfile` evaluates Eq. (1) for many candidates at once. A resident request ``x``
@@ -14,9 +19,9 @@
 ``base_x + tau`` tokens, until its predicted completion ``c_x`` (inclusive, the paper's
 convention A). Memory only drops at completions, so the peaks are at the points ``c_x``; with
 ``F(tau) = sum_{c_x >= tau} (base_x + tau)``, a candidate ``(c, b)`` fits iff
-``max_{c_x <= c} F(c_x) + c_x + b <= M`` (the existing peaks it overlaps) and ``F(c) + c + b <= M``
-(its own peak). Both are prefix maxima / suffix sums over the sorted ``c_x``: O((R + K) log R)
-per evaluation with numpy, for R residents and K candidates.
+``max_{c_x < c} F(c_x) + c_x + b <= M`` (the existing peaks it overlaps) and ``F(c) + c + b <= M``
+(its own peak). Both come from a prefix maximum and suffix sums over the sorted ``c_x``: one
+``searchsorted`` for all K candidates, O((R + K) log R) with numpy for R residents.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 import time
 from typing import Any
@@ -190,9 +191,14 @@ class LLMSchedEnv(gym.Env):
       the local GPU: ``LLMSchedGPU-v0``).
     * ``render_mode``: ``ansi`` | ``rgb_array``.
 
-    A scenario whose overflow handler is ``forbid`` runs with ``preempt_lifo_recompute`` here (an
-    agent's batch must always run), unless ``overrides`` sets ``engine.overflow`` explicitly or the
-    expert requires another handler.
+    **Notes and departures.** A scenario whose overflow handler is ``forbid`` runs with
+    ``preempt_lifo_recompute`` here (an agent's batch must always run), unless ``overrides`` sets
+    ``engine.overflow`` explicitly or the expert requires another handler. ``priority`` scores and
+    the knobs live in [-1, 1] rather than [0, 1] and ``queue`` is flat: both checkers (Gymnasium,
+    Stable-Baselines3) warn on other Box actions and on 2-D observations. Between decisions the
+    env lets the engine fast-forward decode runs (``hold``) under the ``current`` and ``none``
+    rules, whose answers only change with an arrival, a completion or a memory event; under
+    ``future`` a later start can pass without any event, so every boundary is checked.
     """
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
@@ -249,7 +255,10 @@ class LLMSchedEnv(gym.Env):
         self._expert: Scheduler | None = None
         self.set_expert(expert)
         self._tracker = RewardTracker(self.weights)
+        self._false = np.zeros(self.K, bool)
+        self._true = np.ones(1, bool)
         self._others: dict[str, Scheduler] = {}
+        self._others_reset: dict[int, int] = {}
         self._plan_cache: tuple[int, int, BatchPlan] | None = None
         self._history: list[tuple[float, float, int]] = []
         self.engine: Engine | None = None
@@ -278,7 +287,9 @@ class LLMSchedEnv(gym.Env):
         decreasing positive scores in its admission order, -1 elsewhere. A plan the mode cannot
         express (a request outside the ``K`` slots or masked, a preemption, a chunked prefill,
         paused requests) raises ``ValueError`` when ``strict``, else becomes the launch action.
-        ``knob`` mode has no translation.
+        ``knob`` mode has no translation. An attached expert that updates its own state inside
+        ``schedule`` (``mcsf`` removes what it admits from its queue) stays exact only while the
+        env follows its actions.
         """
         if self._ended:
             raise RuntimeError("expert_action(): the episode has ended; call reset()")
@@ -347,9 +358,9 @@ class LLMSchedEnv(gym.Env):
                 f"expert_action(): {pol.name} uses engine hooks ({', '.join(stateful)}); attach it with "
                 "expert=... (or set_expert() before reset) so it sees the whole episode"
             )
-        if getattr(pol, "_env_episode", None) != self._episode:
+        if self._others_reset.get(id(pol)) != self._episode:
             pol.reset(self.engine.config, np.random.default_rng([self._episode_seed, 17]))
-            pol._env_episode = self._episode  # type: ignore[attr-defined]
+            self._others_reset[id(pol)] = self._episode
         return pol
 
     def _expert_plan(self, pol: Scheduler) -> BatchPlan:
@@ -452,18 +463,13 @@ class LLMSchedEnv(gym.Env):
         """Valid actions now (a fresh bool array; see the class docstring for the layout per mode)."""
         k, n = self.K, len(self._slots)
         if self.mode == "select":
-            m = np.zeros(k + 1, dtype=bool)
-            m[:n] = self._ok
-            m[k] = True
-            return m
+            return np.concatenate((self._ok, self._false[: k - n], self._true))
         if self.mode == "subset":
             m2 = np.zeros((k, 2), dtype=bool)
             m2[:, 0] = True
             m2[:n, 1] = self._ok
             return m2.reshape(-1)
-        m = np.zeros(k, dtype=bool)
-        m[:n] = self._ok
-        return m
+        return np.concatenate((self._ok, self._false[: k - n]))
 
     def summary(self) -> dict[str, Any]:
         """The run summary of the current episode so far (complete once the episode has ended)."""
@@ -541,6 +547,7 @@ class LLMSchedEnv(gym.Env):
         self._rows = np.vstack((st, np.zeros((1, st.shape[1]), np.float32)))
         self._room = np.zeros(len(wl))
         self._pad_ids = [len(wl)] * self.K
+        self._empty_pad = np.full(self.K, len(wl), np.int64)
         self._arrival_u = wl.arrival_s * self._inv_unit
         self._ones = np.ones(self.K, bool)
         self._last_admit_s = e.clock
@@ -650,6 +657,14 @@ class LLMSchedEnv(gym.Env):
             growth = 0
         self._free = self._cap_blocks - e.kv.used_blocks - growth
         w = e.waiting
+        if not w:
+            self._queue = self._slots = []
+            self._qpos = 0
+            self._ids_pad = self._empty_pad
+            self._ids = self._ids_pad[:0]
+            self._fits_now = self._fits_future = self._ok = self._false[:0]
+            self._any = False
+            return
         if self.order == "arrival" or len(w) <= 1:
             self._queue = w
         else:
@@ -661,7 +676,9 @@ class LLMSchedEnv(gym.Env):
             else:
                 key = self._deadline_key[ids] if self._has_ttft else np.zeros(len(ids))
             self._queue = ids[np.argsort(key, kind="stable")].tolist()
-        self._fill_slots()
+        slots = self._queue[: self.K]
+        self._qpos = len(slots)
+        self._fill_slots(slots)
 
     def _residents(self) -> None:
         """Arrays of the running requests (KV, remaining-output histogram) and their Eq. (1)
@@ -729,13 +746,9 @@ class LLMSchedEnv(gym.Env):
         sure[unsure] = self._fp.fits(self._cand_c[cand], self._cand_b[cand])
         return sure
 
-    def _fill_slots(self) -> None:
-        q, k = self._queue, self.K
-        if self._sel:
-            sel = self._sel_set
-            slots = [r for r in q[: k + len(sel)] if r not in sel][:k]
-        else:
-            slots = q[:k]
+    def _fill_slots(self, slots: list[int]) -> None:
+        """Show ``slots`` (queue entries not chosen yet) and evaluate the admission rule on them."""
+        k = self.K
         self._slots = slots
         n = len(slots)
         # padded with the all-zero feature row, so one gather builds the queue observation
@@ -753,11 +766,17 @@ class LLMSchedEnv(gym.Env):
         self._any = bool(ok.any())
 
     def _select(self, slot: int) -> None:
-        rid = self._slots[slot]
+        slots = self._slots
+        rid = slots[slot]
         self._sel.append(rid)
         self._sel_set.add(rid)
         self._take(rid)
-        self._fill_slots()
+        # the slots shift up by one and the next queue entry (never chosen yet) enters at the end
+        slots = slots[:slot] + slots[slot + 1:]
+        if self._qpos < len(self._queue):
+            slots.append(self._queue[self._qpos])
+            self._qpos += 1
+        self._fill_slots(slots)
 
     def _take(self, rid: int) -> None:
         """Reserve ``rid``'s KV and add its Eq. (1) line to the batch being formed."""
@@ -871,27 +890,14 @@ class LLMSchedEnv(gym.Env):
         return np.clip((top - sv[wl.client[ids]]) / (top + 1.0), 0.0, 1.0)
 
     def _info(self, comps: dict[str, float] | None) -> dict[str, Any]:
-        k, n = self.K, len(self._slots)
-        if self.mode == "select":
-            m = np.zeros(k + 1, np.int8)
-            m[:n] = self._ok
-            m[k] = 1
-        elif self.mode == "subset":
-            m2 = np.zeros((k, 2), np.int8)
-            m2[:, 0] = 1
-            m2[:n, 1] = self._ok
-            m = m2.reshape(-1)
-        else:
-            m = np.zeros(k, np.int8)
-            m[:n] = self._ok
         info: dict[str, Any] = {
-            "action_mask": m,
+            "action_mask": self.action_masks().view(np.int8),
             "reward_components": comps if comps is not None else self._zero_components(),
             "invalid_actions": self._n_invalid,
             "clock_s": self.engine.clock,
         }
         if self._ended:
-            info["summary"] = dict(self._summary)
+            info["summary"] = copy.deepcopy(self._summary)
         return info
 
     def _zero_components(self) -> dict[str, float]:
