@@ -408,6 +408,25 @@ def test_driving_env_with_mcsf_actions_gives_the_simulate_summary(scenario, admi
                     drive_with_expert(env, 6))
 
 
+@pytest.mark.parametrize("policy,scenario", [("alpha-beta", "jaillet-high"), ("vtc", "vtc-arena"),
+                                             ("rpm", "vtc-arena"), ("k-lpm", "echo-hybrid"), ("sjf", "azure-conv")])
+def test_stateful_baselines_through_the_env_give_the_simulate_summary(policy, scenario):
+    # hooks (VTC counters, RPM rejections, prefix trees) and engine_overrides (alpha-beta's
+    # Bernoulli clearing) are forwarded; rejected requests leave the latency reward as they leave
+    # the summary's total latency
+    env = LLMSchedEnv(scenario, admission="none", overrides=SMALL[scenario], expert=policy, K=256)
+    env.reset(seed=5)
+    latency = 0.0
+    while True:
+        _, _, term, trunc, info = env.step(env.expert_action())
+        latency += info["reward_components"]["latency"]
+        if term or trunc:
+            break
+    s = info["summary"]
+    summaries_equal(simulate(scenario, make_policy(policy), 5, SMALL[scenario]).summary, s)
+    assert latency == pytest.approx(-s["total_latency_s"], rel=1e-9)
+
+
 def test_expert_action_refuses_an_unattached_stateful_policy():
     env = LLMSchedEnv("jaillet-high", n_requests=40)
     env.reset(seed=0)

@@ -193,7 +193,8 @@ class LLMSchedEnv(gym.Env):
 
     **Notes and departures.** A scenario whose overflow handler is ``forbid`` runs with
     ``preempt_lifo_recompute`` here (an agent's batch must always run), unless ``overrides`` sets
-    ``engine.overflow`` explicitly or the expert requires another handler. ``priority`` scores and
+    ``engine.overflow`` explicitly (an expert asking for ``forbid`` gets the same replacement; one
+    asking for a clear handler keeps it). ``priority`` scores and
     the knobs live in [-1, 1] rather than [0, 1] and ``queue`` is flat: both checkers (Gymnasium,
     Stable-Baselines3) warn on other Box actions and on 2-D observations. Between decisions the
     env lets the engine fast-forward decode runs (``hold``) under the ``current`` and ``none``
@@ -272,7 +273,9 @@ class LLMSchedEnv(gym.Env):
 
         self._expert = None if expert is None else make_policy(expert)
         forced = dict(getattr(self._expert, "engine_overrides", {}) or {})
-        if "overflow" not in forced and self._spec.get("engine", {}).get("overflow", "forbid") == "forbid":
+        # an agent's batch must always run: forbid (the scenario's or the expert's, which then
+        # preempts by itself, something no action expresses) becomes vLLM's LIFO preemption
+        if forced.get("overflow", self._spec.get("engine", {}).get("overflow", "forbid")) == "forbid":
             forced["overflow"] = "preempt_lifo_recompute"
         self._adapter.engine_overrides = forced
 
@@ -286,8 +289,8 @@ class LLMSchedEnv(gym.Env):
         admits that is not chosen yet, else launch; ``subset``: its admitted slots; ``priority``:
         decreasing positive scores in its admission order, -1 elsewhere. A plan the mode cannot
         express (a request outside the ``K`` slots or masked, a preemption, a chunked prefill,
-        paused requests) raises ``ValueError`` when ``strict``, else becomes the launch action.
-        ``knob`` mode has no translation. An attached expert that updates its own state inside
+        paused requests, idling while requests run) raises ``ValueError`` when ``strict``, else
+        becomes the launch action. ``knob`` mode has no translation. An attached expert that updates its own state inside
         ``schedule`` (``mcsf`` removes what it admits from its queue) stays exact only while the
         env follows its actions.
         """
@@ -374,7 +377,8 @@ class LLMSchedEnv(gym.Env):
     def _plan_admissions(self, plan: BatchPlan) -> tuple[list[int], str]:
         e = self.engine
         if plan.idle:
-            return [], ""
+            # launching nothing idles only when nothing runs; otherwise the running requests decode
+            return [], "it idles while requests run (no action pauses them)" if e.running else ""
         if plan.preempt:
             return [], f"it preempts {list(plan.preempt)}"
         if plan.pause or not plan.decode:
