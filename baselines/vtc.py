@@ -1,4 +1,4 @@
-"""Seed 002 (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024): the Virtual
+"""Seed 002 (Sheng et al., "Fairness in Serving Large Language Models"): the Virtual
 Token Counter family and its baselines, all on one admission loop.
 
 Rule (VTC, Algorithm 2, §4.1): each client has a counter of the weighted service it received;

@@ -196,10 +196,21 @@ def test_lcf_breaks_lemma_4_3_when_a_client_joins_late():
     assert spreads["lcf"] > u >= spreads["vtc"]
 
 
+def clients_scenario(rates_rpm: list[float], horizon_s: float, weights=None, **engine) -> dict:
+    """Uniformly spaced arrivals per client (the artifact's "uniform"), 256/256 tokens, built with
+    the workload spec's ``clients`` key; seed 002's engine (A10G fit, 10,000 tokens)."""
+    clients = [{"arrival": {"type": "deterministic", "rate": r / 60.0}} for r in rates_rpm]
+    if weights is not None:
+        clients = [{**c, "weight": w} for c, w in zip(clients, weights, strict=True)]
+    return {"name": "test", "workload": {"clients": clients, "horizon_s": horizon_s, "prompt": 256, "output": 256},
+            "engine": {"kv_capacity_tokens": 10_000, "block_size": 1, "prefill_emits_token": True,
+                       "overflow": "forbid", **engine},
+            "latency": A10G}
+
+
 def _overload() -> dict:
     # Fig. 3: C1 90 rpm, C2 180 rpm, 256/256, 6 minutes of uniform arrivals
-    wl = clients_workload([uniform_stream(90, 0, 360, 0.3), uniform_stream(180, 0, 360, 0.1)])
-    return scenario(*wl)
+    return clients_scenario([90, 180], 360.0)
 
 
 def test_fcfs_fails_fig3_overload_test_while_vtc_stays_within_2U():
@@ -240,8 +251,7 @@ def test_lcf_fails_fig10_phase2_test_while_vtc_serves_equally():
 
 def test_weighted_vtc_serves_overloaded_clients_in_weight_ratio():
     # Fig. 16: four overloaded clients (48, 48, 72, 96 rpm) with weights 1:2:3:4
-    streams = [uniform_stream(r, 0, 360, 0.1 * i) for i, r in enumerate((48, 48, 72, 96))]
-    sc = scenario(*clients_workload(streams), weights=[1, 2, 3, 4])
+    sc = clients_scenario([48, 48, 72, 96], 360.0, weights=[1, 2, 3, 4])
     s = fairness.window_service(simulate(sc, "vtc-weighted"), 60.0, 300.0)
     np.testing.assert_allclose(s / s[0], [1, 2, 3, 4], rtol=0.1)
 
