@@ -21,8 +21,8 @@ def random_masked_action(env: LLMSchedEnv, rng: np.random.Generator):
     """A uniformly random valid action of ``env``'s mode."""
     mask = env.action_masks()
     if env.mode == "select":
-        valid = np.flatnonzero(mask)
-        return int(valid[rng.integers(len(valid))])
+        valid = mask.nonzero()[0]
+        return int(valid[int(rng.random() * len(valid))])
     if env.mode == "subset":
         ok = mask[1::2]
         return (ok & (rng.random(len(ok)) < 0.5)).astype(np.int8)

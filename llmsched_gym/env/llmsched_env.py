@@ -290,9 +290,9 @@ class LLMSchedEnv(gym.Env):
         decreasing positive scores in its admission order, -1 elsewhere. A plan the mode cannot
         express (a request outside the ``K`` slots or masked, a preemption, a chunked prefill,
         paused requests, idling while requests run) raises ``ValueError`` when ``strict``, else
-        becomes the launch action. ``knob`` mode has no translation. An attached expert that updates its own state inside
-        ``schedule`` (``mcsf`` removes what it admits from its queue) stays exact only while the
-        env follows its actions.
+        becomes the launch action. ``knob`` mode has no translation. An attached expert that
+        updates its own state inside ``schedule`` (``mcsf`` removes what it admits from its queue)
+        stays exact only while the env follows its actions.
         """
         if self._ended:
             raise RuntimeError("expert_action(): the episode has ended; call reset()")
@@ -405,6 +405,9 @@ class LLMSchedEnv(gym.Env):
         self.engine = e = engine
         self._setup_episode(e)
         self._tracker.reset(e)
+        self._zeros = {"latency": 0.0, "throughput": 0.0, "eviction": 0.0, "slo": 0.0, "fairness": 0.0}
+        if self._tracker.has_slo:
+            self._zeros["slo_online"] = self._zeros["slo_offline"] = 0.0
         self._n_invalid = 0
         self._plan_cache = None
         self._history = []
@@ -424,7 +427,8 @@ class LLMSchedEnv(gym.Env):
             return self._observe(), 0.0, self._terminated, not self._terminated, self._info(None)
         mode = self.mode
         if mode == "select":
-            if isinstance(action, np.ndarray | np.integer) and action.ndim == 0 and action.dtype.kind in "iu":
+            if type(action) is not int and isinstance(action, np.ndarray | np.integer) \
+                    and action.ndim == 0 and action.dtype.kind in "iu":
                 action = int(action)
             if type(action) is int and 0 <= action < len(self._slots) and self._ok[action]:
                 self._select(action)
@@ -649,6 +653,7 @@ class LLMSchedEnv(gym.Env):
         self._residents_ok = False
         self._profile_ok = False
         self._row_upto = self._room_upto = 0
+        self._g_base = None
         running = e.running
         if self._bs == 1:
             growth = len(running) - e.n_in_prefill
@@ -696,6 +701,7 @@ class LLMSchedEnv(gym.Env):
         rem = np.maximum(self._pred[run] - self._gen[run], 1)
         self._n_run = len(run)
         self._run_hist = np.bincount(_EDGES_ARRAY.searchsorted(rem, side="right"), minlength=_N_BINS)
+        self._run_hist_list = self._run_hist.tolist()
         # sort the lines by completion point: one sort of (c, base) packed into an int64
         packed = np.sort((rem << 32) | (kv + self._pad))
         self._line_c = packed >> 32
@@ -767,7 +773,7 @@ class LLMSchedEnv(gym.Env):
         else:
             ok = self._fits_future = self._future_fits(ids)
         self._ok = ok
-        self._any = bool(ok.any())
+        self._any = np.count_nonzero(ok) > 0
 
     def _select(self, slot: int) -> None:
         slots = self._slots
@@ -776,7 +782,8 @@ class LLMSchedEnv(gym.Env):
         self._sel_set.add(rid)
         self._take(rid)
         # the slots shift up by one and the next queue entry (never chosen yet) enters at the end
-        slots = slots[:slot] + slots[slot + 1:]
+        slots = slots.copy()
+        del slots[slot]
         if self._qpos < len(self._queue):
             slots.append(self._queue[self._qpos])
             self._qpos += 1
@@ -854,19 +861,22 @@ class LLMSchedEnv(gym.Env):
             n_res = self._n_run + n_sel
             r[0] = math.log1p(n_res) * self._inv_log_cap
             r[1] = min((e.kv.used_blocks + self._sel_blocks) / self._cap_blocks, 2.0)
-            r[2:2 + _N_BINS] = (self._run_hist + self._sel_hist) * (1.0 / n_res)
+            inv = 1.0 / n_res
+            r[2:2 + _N_BINS] = [(a + b) * inv for a, b in zip(self._run_hist_list, self._sel_hist, strict=True)]
             r[3 + _N_BINS] = math.log1p(n_sel) * self._inv_log_cap
         else:
             r = self._run_obs.copy()
-        recent = e.next_idx - bisect.bisect_left(self._arrival_list, now - self._rate_window, 0, e.next_idx)
-        g = np.array((
-            min(e.kv.used_blocks / self._cap_blocks, 2.0),
-            math.log1p(len(e.waiting) - n_sel) * self._inv_log_n,
-            math.log1p(recent) * self._inv_log_n,
-            min(math.log1p((now - self._last_admit_s) * self._inv_unit) * self._inv_log_time, 1.0),
-            min(math.log1p(self._last_iter_s * self._inv_unit) * self._inv_log_time, 1.0),
-            e.next_idx / self._n,
-        ), np.float32)
+        gb = self._g_base
+        if gb is None:  # all but the queue length are constant while a batch forms
+            recent = e.next_idx - bisect.bisect_left(self._arrival_list, now - self._rate_window, 0, e.next_idx)
+            gb = self._g_base = (
+                min(e.kv.used_blocks / self._cap_blocks, 2.0),
+                math.log1p(recent) * self._inv_log_n,
+                min(math.log1p((now - self._last_admit_s) * self._inv_unit) * self._inv_log_time, 1.0),
+                min(math.log1p(self._last_iter_s * self._inv_unit) * self._inv_log_time, 1.0),
+                e.next_idx / self._n,
+            )
+        g = np.array((gb[0], math.log1p(len(e.waiting) - n_sel) * self._inv_log_n, *gb[1:]), np.float32)
         if self.flat:
             return np.concatenate((q.reshape(-1), r, g))
         return {"queue": q.reshape(-1), "running": r, "globals": g}
@@ -905,10 +915,7 @@ class LLMSchedEnv(gym.Env):
         return info
 
     def _zero_components(self) -> dict[str, float]:
-        z = {"latency": 0.0, "throughput": 0.0, "eviction": 0.0, "slo": 0.0, "fairness": 0.0}
-        if self._tracker.has_slo:
-            z["slo_online"] = z["slo_offline"] = 0.0
-        return z
+        return self._zeros.copy()
 
 
 class _AgentScheduler(Scheduler):
