@@ -38,11 +38,26 @@ Departures and readings (digest recommendations unless stated):
   summary's "mean TPOT <= SLO" attainment measures.
 * Removing offline work from the batch for time defers an unfinished prefill chunk (keeping its
   KV) before preempting a decode; the paper only preempts.
+* Greedy moves: preemption moves are tried only before the first addition of an iteration. With
+  Eq. 7's ``gamma max(L)`` term, "admit a cheap cached prefill, then preempt the longest running
+  request" raises Eq. 4 every iteration and the batch never grows (measured: ~1 preemption per
+  iteration); preemptions for online memory and SLOs are unaffected.
+* Candidates (section 6): length buckets of ``2^k * bucket_base`` tokens, each a radix tree over
+  the prompt-prefix segments, realised as FIFO groups per segment chain visited in key order
+  (the tree's DFS); the first ``candidates`` requests are taken from the groups with the longest
+  cached prefix first.
+* If neither the threshold nor the scores let any work run, one offline request runs anyway
+  (the paper's reserve is meant for online bursts, not to idle the GPU).
 * The predictor samples the online KV demand (running online KV + waiting online prompts) every
   iteration, averages it per second and keeps ``window_s`` seconds (the paper: one hour of a real
   day; scale it down with time-compressed scenarios).
 * Block accounting is exact (forced ``overflow=forbid``): the policy preempts, never the engine.
   When online decodes alone do not fit, the newest online request is preempted (vLLM's rule).
+
+Engine contact: the policy reads the engine's :class:`~llmsched_gym.core.kv.KVCache` through
+``view._e.kv`` (``EngineView`` has no KV accessor) for exact cache-hit accounting
+(``match_detail``), the LRU eviction order (``next_evictions``) and, for ``echo``, to install the
+task-aware order (``set_eviction_priority`` / ``reprioritize``, LRU otherwise unchanged).
 """
 
 from __future__ import annotations
@@ -202,19 +217,17 @@ class EchoFamily(Scheduler):
         self._owners: dict[int, list[tuple]] = {}  # block hash -> chains containing it
         self._online_done: set[int] = set()
         self._first_token: dict[int, float] = {}
-        self._evict_cache: list[int] = []
         self._evict_needed: list[int] = [0]
 
     def _setup(self, view: EngineView) -> None:
         self._ready = True
         wl = view.workload
-        self._kv: KVCache = view._e.kv  # the view exposes no KV object (see the module note)
+        self._kv: KVCache = view._e.kv  # the view exposes no KV object (module docstring)
         self._cls = wl.task_class
         self._ttft = wl.ttft_slo_s
         self._tpot = wl.tpot_slo_s
         self._prefix = wl.prefix
         self._prompt = wl.prompt_tokens
-        self._online_ids = np.flatnonzero(wl.task_class == ONLINE)
         if self.use_estimator:
             if self.estimator == "exact":
                 self._est: BatchTimeEstimator | ExactEstimator = ExactEstimator(view.latency)
@@ -444,9 +457,6 @@ class EchoFamily(Scheduler):
         n_seqs = len(running) - len(b.preempt)
         tokens = sum(n for n, _ in b.pre.values()) + b.n_dec
         admit: dict[int, int] = {}
-        online_demand = 0
-        for r in self._online:
-            online_demand += int(self._target[r])
         while self._online and n_seqs < self.max_num_seqs:
             r = self._online[0]
             x = self._prefill_member(r, NEW, True, now)
@@ -467,7 +477,8 @@ class EchoFamily(Scheduler):
             tokens += x.computed
             u_on += x.grow
         if self.task_aware:
-            self._pred.observe(now, u_on * bs + online_demand)
+            # online KV demand: held by running online requests plus the prompts still waiting
+            self._pred.observe(now, u_on * bs + sum(int(self._target[r]) for r in self._online))
         # 3. the SLO gate: offline work may not push the batch past its deadline
         if self.use_estimator:
             while b.deadline < INF and self._time(b) > b.deadline - now:
@@ -533,14 +544,19 @@ class EchoFamily(Scheduler):
         return best
 
     # ---- offline admission ------------------------------------------------------------------
-    def _fits(self, b: _Batch, x: _Member, now: float, limit: int, n_seqs: int, tokens: int) -> bool:
+    def _fits(self, b: _Batch, x: _Member, now: float, limit: int, n_seqs: int, tokens: int) -> float | None:
+        """The estimated time of ``b`` plus the admission ``x`` if it passes the memory (and
+        threshold), step-budget and SLO checks, else None (0.0 without an estimator)."""
         if n_seqs >= self.max_num_seqs or b.mem + x.grow > limit:
-            return False
+            return None
         if self.max_prefills and len(b.pre) >= self.max_prefills:
-            return False
+            return None
         if b.pre and self.max_batched_tokens and tokens + x.computed > self.max_batched_tokens:
-            return False
-        return not self.use_estimator or self._time(b, extra=(x.computed, x.ctx)) <= b.deadline - now
+            return None
+        if not self.use_estimator:
+            return 0.0
+        t = self._time(b, extra=(x.computed, x.ctx))
+        return t if t <= b.deadline - now else None
 
     def _fcfs_fill(self, b: _Batch, now: float, limit: int, n_seqs: int, tokens: int,
                    admit: dict[int, int]) -> None:
@@ -549,7 +565,7 @@ class EchoFamily(Scheduler):
         while pool:
             r = pool[0]
             x = self._prefill_member(r, NEW, False, now)
-            if not self._fits(b, x, now, limit, n_seqs, tokens):
+            if self._fits(b, x, now, limit, n_seqs, tokens) is None:
                 return
             pool.popleft()
             self._n_pool -= 1
@@ -592,19 +608,28 @@ class EchoFamily(Scheduler):
                     x = members.get(r)
                     if x is None:
                         x = members[r] = self._prefill_member(r, NEW, False, now)
-                    if not self._fits(b, x, now, limit, n_seqs, tokens):
+                    tx = self._fits(b, x, now, limit, n_seqs, tokens)
+                    if tx is None:
                         continue
-                    s = self._score(b, self._time(b, extra=(x.computed, x.ctx)), b.benefit + x.benefit, b.loss,
-                                    b.mem + x.grow, b.idle_taken + x.idle_hits)
+                    s = self._score(b, tx, b.benefit + x.benefit, b.loss, b.mem + x.grow,
+                                    b.idle_taken + x.idle_hits)
                     if s > best_s:
                         best, best_s = (NEW, r), s
-            for r, x in b.m.items():
-                if added or x.online or x.kind != DEC:
-                    continue
-                s = self._score(b, self._time(b, drop=r), b.benefit - 1, b.loss + x.loss,
-                                b.mem - x.grow - x.freed, b.idle_taken)
-                if s > best_s:
-                    best, best_s = (DEC, r), s
+            # preemptions only improve the inherited batch: an admission is never paid for by
+            # preempting running work (Eq. 7's max(L) would trade a long request for a cheap hit)
+            if not added and best_s >= 0:
+                k0 = b.mem + self._idle - b.idle_taken - self._cap
+                base = b.benefit - 1 - b.loss - self._evict_punishment(k0)
+                for r, x in b.m.items():
+                    if x.online or x.kind != DEC:
+                        continue
+                    # upper bound of the numerator: evictions avoided are worth at most bs each
+                    if base - x.loss + self._bs * (x.grow + x.freed) <= 0:
+                        continue
+                    s = self._score(b, self._time(b, drop=r), b.benefit - 1, b.loss + x.loss,
+                                    b.mem - x.grow - x.freed, b.idle_taken)
+                    if s > best_s:
+                        best, best_s = (DEC, r), s
             if best is None:
                 return
             kind, r = best

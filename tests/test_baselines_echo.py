@@ -105,9 +105,9 @@ def test_echo_family_never_overflows_and_conserves_requests(inst):
     assert s["kv_peak_frac"] <= 1.0 and s["overflow_events"] == 0
 
 
-@pytest.mark.parametrize("policy", ["echo-bs", "echo-bs-e"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_hold_promise_matches_step_by_step_run(policy):
-    # no SLOs: BS and BS+E hold decode-only plans; fast-forward must not change anything
+    # no SLOs and no offline pool: decode-only plans hold; fast-forward must not change anything
     ov = {"workload.n_requests": 300}
     a = simulate("azure-conv", policy, seed=2, overrides=ov).summary
     b = simulate("azure-conv", policy, seed=2, overrides={**ov, "engine.fast_forward": False}).summary
