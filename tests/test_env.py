@@ -198,6 +198,29 @@ def test_future_profile_matches_a_dense_check_of_eq1(seed):
     assert prof.peak == max([sum(b[x] + t for x in range(n) if c[x] >= t) for t in range(1, 13)] + [0])
 
 
+def test_future_mask_with_chosen_requests_equals_the_profile_rebuilt_from_scratch():
+    # the env answers from the running requests' room and rebuilds only for undecided requests
+    env = LLMSchedEnv("jaillet-high", admission="future", n_requests=150, K=16)
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)
+    compared = 0
+    for _ in range(400):
+        e = env.engine
+        run = np.array(e.running, np.int64)
+        c = np.concatenate((np.maximum(env._pred[run] - env._gen[run], 1), env._cand_c[env._sel]))
+        b = np.concatenate((env._kvt[run], env._cand_b[env._sel]))
+        order = np.argsort(c, kind="stable")
+        prof = FutureProfile(e.kv.capacity_tokens, len(c) + 1)
+        prof.build(c[order], b[order])
+        ids = np.array(env._slots, np.int64)
+        assert np.array_equal(env._ok, prof.fits(env._cand_c[ids], env._cand_b[ids]))
+        compared += len(env._sel) > 0
+        _, _, term, trunc, _ = env.step(random_action(env, rng))
+        if term or trunc:
+            break
+    assert compared > 50
+
+
 @pytest.mark.parametrize("scenario", ["jaillet-high", "wait-high"])
 def test_future_admission_with_oracle_lengths_never_overflows_under_forbid(scenario):
     # random masked agents under MC-SF's test: the engine's forbid handler never fires
@@ -265,14 +288,14 @@ def test_subset_mask_uses_sb3_contrib_multibinary_layout():
 def test_bad_select_actions_raise_naming_the_action_and_the_mask(bad):
     env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4)
     env.reset(seed=0)
-    with pytest.raises(InvalidActionError, match=r"action .*(mask|range|integer)"):
+    with pytest.raises(InvalidActionError, match=r"action .*(masked|range|integer).*mask = \[1 0 0 0 1\]"):
         env.step(bad)
 
 
 def test_masked_slot_raises_with_the_mask_in_the_message():
     env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4)
     env.reset(seed=0)
-    with pytest.raises(InvalidActionError, match=r"action 2 is masked .*mask = \[1 0 0 0 1\]"):
+    with pytest.raises(InvalidActionError, match=r"action 2 is masked .*mask = \[1 0 0 0 1\]; valid actions: \[0, 4\]"):
         env.step(2)
 
 

@@ -51,26 +51,27 @@ def _mask_text(mask: np.ndarray) -> str:
 def select_error(action, mask: np.ndarray) -> str:
     """Why ``action`` is not a valid ``select`` action given ``mask`` (K + 1 entries)."""
     k = len(mask) - 1
+    where = f"(select mode: slots 0..{k - 1}, launch = {k}); mask = {_mask_text(mask)}"
     is_int = isinstance(action, int | np.integer) and not isinstance(action, bool | np.bool_)
     if not is_int:
-        return f"action {action!r} is not a scalar integer in [0, {k}] (select mode: slots 0..{k - 1}, launch = {k})"
+        return f"action {action!r} is not a scalar integer in [0, {k}] {where}"
     a = int(action)
     if not 0 <= a <= k:
-        return f"action {a} is out of range [0, {k}] (select mode: slots 0..{k - 1}, launch = {k})"
-    return (f"action {a} is masked (select mode): mask = {_mask_text(mask)}; "
-            f"valid actions: {np.flatnonzero(mask).tolist()}")
+        return f"action {a} is out of range [0, {k}] {where}"
+    return f"action {a} is masked {where}; valid actions: {np.flatnonzero(mask).tolist()}"
 
 
 def check_subset(action, ok: np.ndarray, k: int) -> np.ndarray | str:
     """The chosen slots of a ``subset`` action, or an error message; ``ok`` = admissible slots."""
     a = np.asarray(action)
-    if a.shape != (k,):
-        return f"action {action!r} has shape {a.shape}, expected ({k},) (subset mode: MultiBinary({k}))"
-    if not np.all((a == 0) | (a == 1)):
-        return f"action {a.tolist()} is not binary (subset mode: MultiBinary({k}))"
-    chosen = np.flatnonzero(a)
     full = np.zeros(k, bool)
     full[: len(ok)] = ok
+    if a.shape != (k,):
+        return (f"action {action!r} has shape {a.shape}, expected ({k},) (subset mode: MultiBinary({k})); "
+                f"slot mask = {_mask_text(full)}")
+    if not np.all((a == 0) | (a == 1)):
+        return f"action {a.tolist()} is not binary (subset mode: MultiBinary({k})); slot mask = {_mask_text(full)}"
+    chosen = np.flatnonzero(a)
     masked = chosen[~full[chosen]]
     if len(masked):
         return (f"action {a.astype(int).tolist()} chooses masked slots {masked.tolist()} (subset mode): "
