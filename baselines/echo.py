@@ -330,8 +330,9 @@ class EchoFamily(Scheduler):
             return self._first_token.setdefault(rid, now) + i * self._tpot[rid]
         return self._arr[rid] + self._ttft[rid] + i * self._tpot[rid]
 
-    def _prefill_member(self, rid: int, kind: int, online: bool, now: float) -> _Member:
-        """A prefill step of ``rid``: its next chunk, or (admission) its uncached prompt."""
+    def _prefill_member(self, rid: int, kind: int, online: bool, now: float, room: int = 0) -> _Member:
+        """A prefill step of ``rid``: its next chunk (at most ``room`` tokens when chunking and
+        ``room > 0``), or its whole uncached prompt."""
         bs = self._bs
         hits = idle = 0
         if kind == NEW:
@@ -341,7 +342,9 @@ class EchoFamily(Scheduler):
         else:
             start = int(self._prefilled[rid])
         remaining = int(self._target[rid]) - start
-        c = remaining if not self.chunk_size or self.chunk_size > remaining else self.chunk_size
+        c = remaining
+        if self.chunk_size:
+            c = min(c, self.chunk_size, room) if room > 0 else min(c, self.chunk_size)
         last = c == remaining
         k0 = start if kind == NEW else int(self._kvt[rid])
         end = k0 + c + (1 if last and self._emits else 0)
@@ -438,15 +441,23 @@ class EchoFamily(Scheduler):
         b = _Batch(kv.used_blocks)
         u_on = 0
         running = view.running
+        chunked = []
         for r in running:
             online = cls[r] == ONLINE
-            if self._prefilled[r] < self._target[r]:
-                x = self._prefill_member(r, CHUNK, online, now)
-            else:
-                x = self._decode_member(r, online, now)
             if online:
                 u_on += -(-int(self._kvt[r]) // bs)
+            if self._prefilled[r] < self._target[r]:
+                chunked.append((r, online))
+            else:
+                b.add(r, self._decode_member(r, online, now))
+        # unfinished prefills continue within the token budget left by the decodes (vLLM)
+        budget = self.max_batched_tokens - b.n_dec if self.max_batched_tokens else 0
+        for r, online in chunked:
+            if self.max_batched_tokens and budget <= 0:
+                break
+            x = self._prefill_member(r, CHUNK, online, now, budget)
             b.add(r, x)
+            budget -= x.computed
         # 1. memory of the inherited batch (decode growth): offline victims, then newest online
         while b.mem > cap:
             v = self._victim(b, running, memory=True)
@@ -459,7 +470,7 @@ class EchoFamily(Scheduler):
         admit: dict[int, int] = {}
         while self._online and n_seqs < self.max_num_seqs:
             r = self._online[0]
-            x = self._prefill_member(r, NEW, True, now)
+            x = self._prefill_member(r, NEW, True, now, self._room(tokens))
             if b.pre and self.max_batched_tokens and tokens + x.computed > self.max_batched_tokens:
                 break
             while b.mem + x.grow > cap:
@@ -472,7 +483,7 @@ class EchoFamily(Scheduler):
                 break
             self._online.popleft()
             b.add(r, x)
-            admit[r] = self.chunk_size
+            admit[r] = self._chunk(x)
             n_seqs += 1
             tokens += x.computed
             u_on += x.grow
@@ -502,14 +513,22 @@ class EchoFamily(Scheduler):
                 if b.mem + x.grow <= cap:
                     self._pool_take(r)
                     b.add(r, x)
-                    admit[r] = self.chunk_size
+                    admit[r] = self._chunk(x)
         plan = BatchPlan(prefill=admit, preempt=b.preempt)
         for r, x in b.m.items():
             if x.kind == CHUNK:
-                admit[r] = self.chunk_size
+                admit[r] = self._chunk(x)
         if not admit and not b.preempt:
             plan.hold = self._can_hold(b)
         return plan
+
+    def _room(self, tokens: int) -> int:
+        """Prefill tokens the step budget leaves (0 = no limit)."""
+        return max(1, self.max_batched_tokens - tokens) if self.max_batched_tokens else 0
+
+    def _chunk(self, x: _Member) -> int:
+        """The plan's chunk for a prefill member (0 = the whole remaining prompt)."""
+        return x.computed if self.chunk_size else 0
 
     def _can_hold(self, b: _Batch) -> bool:
         """Whether the same decode-only plan would come back absent any event."""
@@ -564,13 +583,13 @@ class EchoFamily(Scheduler):
         pool = self._fcfs
         while pool:
             r = pool[0]
-            x = self._prefill_member(r, NEW, False, now)
+            x = self._prefill_member(r, NEW, False, now, self._room(tokens))
             if self._fits(b, x, now, limit, n_seqs, tokens) is None:
                 return
             pool.popleft()
             self._n_pool -= 1
             b.add(r, x)
-            admit[r] = self.chunk_size
+            admit[r] = self._chunk(x)
             n_seqs += 1
             tokens += x.computed
 
@@ -607,7 +626,7 @@ class EchoFamily(Scheduler):
                 for r in cands:
                     x = members.get(r)
                     if x is None:
-                        x = members[r] = self._prefill_member(r, NEW, False, now)
+                        x = members[r] = self._prefill_member(r, NEW, False, now, self._room(tokens))
                     tx = self._fits(b, x, now, limit, n_seqs, tokens)
                     if tx is None:
                         continue
@@ -638,7 +657,7 @@ class EchoFamily(Scheduler):
                 cands.remove(r)  # type: ignore[union-attr]
                 self._pool_take(r)
                 b.add(r, x)
-                admit[r] = self.chunk_size
+                admit[r] = self._chunk(x)
                 n_seqs += 1
                 tokens += x.computed
                 added = True

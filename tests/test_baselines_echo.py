@@ -90,7 +90,8 @@ def hybrid_instances(draw):
     cap = draw(st.integers(need, need * 3))
     sc = explicit(arrival[order].tolist(), prompt[order].tolist(), output[order].tolist(),
                   [cls[i] for i in order], [prefix[i] for i in order], cap=cap, bs=bs)
-    params = {"chunk_size": draw(st.sampled_from([0, 8])), "max_num_seqs": draw(st.sampled_from([2, 256]))}
+    params = {"chunk_size": draw(st.sampled_from([0, 8])), "max_num_seqs": draw(st.sampled_from([2, 256])),
+              "max_batched_tokens": draw(st.sampled_from([0, 16, 8192]))}
     return sc, draw(st.sampled_from(POLICIES)), params, seed
 
 
