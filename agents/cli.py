@@ -17,16 +17,10 @@ def _sets(items: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     return _split_policy_sets(_parse_sets(items))
 
 
-def _kv(items: list[str] | None, flag: str) -> dict[str, Any]:
-    from llmsched_gym.core.scenarios import parse_value
+def _hp(items: list[str] | None) -> dict[str, Any]:
+    from llmsched_gym.cli import _parse_sets
 
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"{flag} {item}: expected key=value")
-        k, v = item.split("=", 1)
-        out[k.strip()] = parse_value(v)
-    return out
+    return _parse_sets(items, "--hp")
 
 
 def _loads(text: str) -> list[float]:
@@ -62,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         scenario=args.scenario, name=args.name, out=args.out, algo=args.algo, timesteps=args.timesteps,
         seed=args.seed, n_envs=args.n_envs, vec=args.vec, overrides=overrides,
         env_kwargs={k: v for k, v in env_kwargs.items() if v is not None},
-        hyperparams=_kv(args.hp, "--hp"), hyperparams_file=args.hyperparams, bc_from=args.bc_from,
+        hyperparams=_hp(args.hp), hyperparams_file=args.hyperparams, bc_from=args.bc_from,
         bc_episodes=args.bc_episodes, bc_epochs=args.bc_epochs, resume=args.resume,
         checkpoint_every=args.checkpoint_every, score_every=args.score_every, progress=not args.no_progress,
         torch_threads=args.threads,

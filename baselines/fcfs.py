@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
-from .base import register
+from .base import PolicyError, configure, register
 
 
 @register("fcfs")
@@ -22,12 +22,8 @@ class FCFS(Scheduler):
     params = {"admission": "fit", "max_batch": 0}
 
     def __init__(self, **kwargs) -> None:
-        from .base import configure
-
         configure(self, kwargs)
         if self.admission not in ("fit", "reserve"):
-            from .base import PolicyError
-
             raise PolicyError(f"policy.admission: {self.admission!r} is not one of fit, reserve")
 
     def schedule(self, view: EngineView) -> BatchPlan:

@@ -88,7 +88,7 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
         except ImportError:
             con.print("env: not available")
         else:
-            env = bench_env(quick=quick) if "quick" in bench_env.__code__.co_varnames else bench_env()
+            env = bench_env(steps=5_000 if quick else 50_000)
             report["env"] = env
             t = Table(title="env: LLMSched-v0, random masked actions")
             t.add_column("metric")

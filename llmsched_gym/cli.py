@@ -10,18 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 
-def _parse_sets(items: list[str] | None) -> dict[str, Any]:
+def _parse_sets(items: list[str] | None, flag: str = "--set") -> dict[str, Any]:
+    """``KEY=VALUE`` strings to a dict, values parsed as YAML scalars."""
     from llmsched_gym.core.scenarios import ScenarioError, parse_value
 
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise ScenarioError(f"--set {item}: expected key=value")
+            raise ScenarioError(f"{flag} {item}: expected key=value")
         key, value = item.split("=", 1)
         out[key.strip()] = parse_value(value)
     return out
@@ -177,18 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _maybe_add(sub, module: str) -> None:
-    """Subcommands from other packages register themselves (imported lazily at call time)."""
-    import importlib.util
+    """Subcommands from other packages register themselves when the package is present."""
+    import importlib
 
-    if importlib.util.find_spec(module.rsplit(".", 1)[0]) is None:
-        return
     try:
-        spec = importlib.util.find_spec(module)
+        mod = importlib.import_module(module)
     except ModuleNotFoundError:
         return
-    if spec is None:
-        return
-    mod = importlib.import_module(module)
     for name in ("add_subcommands", "add_gpu_subcommands"):
         fn = getattr(mod, name, None)
         if fn is not None:
@@ -198,7 +193,6 @@ def _maybe_add(sub, module: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    t0 = time.perf_counter()
     try:
         rc = args.func(args)
     except KeyboardInterrupt:
@@ -207,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2
-    if getattr(args, "verbose_time", False):
-        print(f"took {time.perf_counter() - t0:.2f}s", file=sys.stderr)
     return rc or 0
 
 

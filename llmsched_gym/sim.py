@@ -63,13 +63,15 @@ def make_engine(
         from llmsched_gym.core.scenarios import apply_overrides
 
         spec = apply_overrides(scenario, overrides)
-    pol = spec.get("policy", "fcfs") if policy is None else policy
-    if isinstance(pol, dict) and policy is not None and isinstance(spec.get("policy"), dict):
-        pol = {**spec["policy"], **pol}
-    elif policy is not None and not isinstance(policy, Scheduler) and isinstance(spec.get("policy"), dict):
-        # --set policy.X=... applies to whichever policy runs
-        extra = {k: v for k, v in spec["policy"].items() if k != "name"}
-        pol = {"name": policy, **extra} if isinstance(policy, str) else {**extra, **policy}
+    default = spec.get("policy", "fcfs")
+    # --set policy.X=... turns the scenario's policy into a dict; X applies to whichever policy runs
+    set_params = {k: v for k, v in default.items() if k != "name"} if isinstance(default, dict) else {}
+    if policy is None or isinstance(policy, Scheduler):
+        pol = default if policy is None else policy
+    elif isinstance(policy, dict):
+        pol = {**set_params, **policy}
+    else:
+        pol = {"name": policy, **set_params}
     scheduler = make_policy(pol, policy_params)
     workload, config, latency = build_scenario(spec, seed)
     # a policy may need particular engine semantics (e.g. seed 000's clear-all on overflow);

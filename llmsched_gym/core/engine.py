@@ -419,7 +419,7 @@ class Engine:
             if mode == "forbid":
                 self._refuse(chunks, dec, grow_blocks)
             elif mode in ("preempt_lifo_recompute", "swap"):
-                chunks, dec, grow_blocks, s, n_p = self._make_room(chunks, dec, plan, mode)
+                chunks, dec, grow_blocks, s, n_p = self._make_room(chunks, dec, mode)
                 swap_s += s
                 n_preempted += n_p
                 overflow = False
@@ -554,14 +554,11 @@ class Engine:
         self.preemptions[rid] += 1
         self.n_preempt_events += 1
         swap_s = 0.0
+        self._free(rid)
         if mode == "swap":
             swap_s = self._swap_seconds(int(self.kv_tokens[rid]))
-            self.kv.used_blocks -= self.kv.blocks(int(self.kv_tokens[rid])) - int(self.kv.shared[rid])
-            if self.kv.enabled:
-                self.kv.release_prefix(rid)
             self.swapped[rid] = True
         else:
-            self._free(rid)
             self.recomputed_tokens[rid] += int(self.kv_tokens[rid])
             if mode == "restart":
                 self.discarded_tokens += int(self.generated[rid])
@@ -578,7 +575,7 @@ class Engine:
             self.scheduler.on_preempt(rid, self.view)
         return swap_s
 
-    def _make_room(self, chunks, dec, plan, mode):
+    def _make_room(self, chunks, dec, mode):
         """vLLM: preempt the newest running requests until the iteration fits."""
         kv, bs, kvt = self.kv, self.kv.block_size, self.kv_tokens
         emits = self.config.prefill_emits_token

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from llmsched_gym.core.engine import Engine
     from llmsched_gym.core.request import Workload
 
 
@@ -139,7 +138,7 @@ class KVCache:
             n = min(n, (int(self._prompt[rid]) - 1) // self.block_size)
         return n
 
-    def match_tokens(self, engine: Engine, rid: int) -> int:
+    def match_tokens(self, rid: int) -> int:
         return self.match_blocks(rid) * self.block_size
 
     def acquire_prefix(self, rid: int) -> int:

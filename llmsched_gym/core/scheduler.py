@@ -169,7 +169,7 @@ class EngineView:
         return -(-int(n_tokens) // bs)
 
     def prefix_match(self, req_id: int) -> int:
-        return self._e.kv.match_tokens(self._e, req_id)
+        return self._e.kv.match_tokens(req_id)
 
     @property
     def next_arrival_s(self) -> float:

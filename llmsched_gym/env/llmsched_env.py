@@ -888,7 +888,7 @@ class LLMSchedEnv(gym.Env):
         age *= self._inv_log_time
         rows[ids, _F["age"]] = np.minimum(age, 1.0, out=age)
         if self._prefix:
-            rows[ids, _F["prefix_hit"]] = [e.kv.match_tokens(e, r) / self._prompt[r] for r in ids.tolist()]
+            rows[ids, _F["prefix_hit"]] = [e.kv.match_tokens(r) / self._prompt[r] for r in ids.tolist()]
         if self._multi_client:
             rows[ids, _F["service_deficit"]] = self._deficit(ids)
         if self._has_ttft:
