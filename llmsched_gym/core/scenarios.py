@@ -61,7 +61,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "jaillet-low": _jaillet(10.0),
     "vtc-arena": {
         "description": "Seed 002's real workload: the 27-client Chatbot Arena trace (1,500 requests over "
-        "600 s), Llama-2-7B on an A10G (the seed 002 affine fit), token-level KV pool of 10,000 tokens.",
+        "600 s), Llama-2-7B on an A10G (the seed 002 affine fit), token-level KV pool of 10,000 tokens. "
+        "Falls back to a synthetic 27-client trace with the same size and mean lengths when the file is absent.",
         "paper": "seed002 (Sheng et al.), section 4.4 of the digest",
         "workload": {"trace": {"format": "vtc"}},
         "engine": {"kv_capacity_tokens": 10_000, "block_size": 1, "prefill_emits_token": True,

@@ -71,7 +71,8 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     Load requests from a file (``format``: ``azure``, ``vtc``, ``csv``, ``jsonl``, ``sharegpt``;
     see :mod:`llmsched_gym.core.traces`). Without ``path`` the shipped file name is looked up with
     :func:`~llmsched_gym.core.traces.find_trace`; a missing Azure trace falls back to
-    :func:`~llmsched_gym.core.traces.synthetic_azure_conv` (``meta["source"] == "synthetic"``).
+    :func:`~llmsched_gym.core.traces.synthetic_azure_conv` (``meta["source"] == "synthetic"``), and
+    a missing VTC arena trace to :func:`~llmsched_gym.core.traces.synthetic_vtc_arena`.
     An ``arrival`` replaces the trace's timestamps (required for ``sharegpt``); ``time_scale``
     multiplies them (0.5 doubles the rate). ``n_requests``/``horizon_s`` cut the trace.
 
@@ -855,8 +856,8 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
     if path is None:
         raise WorkloadError(f"trace.path: required for format {fmt!r}")
     found = traces.find_trace(path)
-    if found is None and fmt == "azure" and "path" not in t:
-        wl = traces.synthetic_azure_conv(b.seed)
+    if found is None and fmt in traces.SYNTHETIC and "path" not in t:
+        wl = traces.SYNTHETIC[fmt](b.seed)
     elif found is None:
         raise WorkloadError(f"trace.path: {path!r} not found (looked in ., $LLMSCHED_TRACES, ../shared/traces)")
     elif fmt == "sharegpt":
