@@ -129,6 +129,22 @@ def best_value(summaries: dict[str, dict], get: Callable[[dict], float]) -> floa
     return float(min(vals)) if vals else math.nan
 
 
+class WallClockLimit(BaseCallback):
+    """Stop learning once ``minutes`` of wall time have passed since training began (the model and
+    its statistics are then saved as after a complete run)."""
+
+    def __init__(self, minutes: float, start: float | None = None) -> None:
+        super().__init__()
+        self.deadline = (start if start is not None else time.perf_counter()) + 60.0 * minutes
+        self.stopped = False
+
+    def _on_step(self) -> bool:
+        if time.perf_counter() >= self.deadline:
+            self.stopped = True
+            return False
+        return True
+
+
 class RichProgressCallback(BaseCallback):
     """A rich progress bar over the timesteps of this ``learn`` call (tqdm is not required)."""
 

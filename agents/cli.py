@@ -51,7 +51,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from agents.train import TrainConfig, train
 
     overrides, _ = _sets(args.set)
-    env_kwargs = {"action_mode": args.action_mode, "admission": args.admission, "K": args.K}
+    env_kwargs = {"action_mode": args.action_mode, "admission": args.admission, "K": args.K, "order": args.order}
     cfg = TrainConfig(
         scenario=args.scenario, name=args.name, out=args.out, algo=args.algo, timesteps=args.timesteps,
         seed=args.seed, n_envs=args.n_envs, vec=args.vec, overrides=overrides,
@@ -59,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         hyperparams=_hp(args.hp), hyperparams_file=args.hyperparams, bc_from=args.bc_from,
         bc_episodes=args.bc_episodes, bc_epochs=args.bc_epochs, resume=args.resume,
         checkpoint_every=args.checkpoint_every, score_every=args.score_every, progress=not args.no_progress,
-        torch_threads=args.threads,
+        torch_threads=args.threads, max_minutes=args.max_minutes,
     )
     meta = train(cfg)
     v = meta["validation"]
@@ -125,6 +125,8 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--action-mode", default=None, choices=["select", "subset", "priority", "knob"])
     sp.add_argument("--admission", default=None, choices=["current", "future", "none"])
     sp.add_argument("--K", type=int, default=None, help="queue slots")
+    sp.add_argument("--order", default=None, choices=["arrival", "shortest", "prompt", "deadline"],
+                    help="canonical order of the queue slots")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="scenario override for training episodes")
     sp.add_argument("--hp", action="append", metavar="KEY=VALUE", help="hyperparameter override (n_steps=256)")
     sp.add_argument("--hyperparams", default=None, help="a YAML file instead of agents/hyperparams/ALGO.yml")
@@ -136,6 +138,7 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--score-every", type=int, default=1,
                     help="rollouts between validation scores against the baselines (0 = never)")
     sp.add_argument("--threads", type=int, default=1, help="torch threads")
+    sp.add_argument("--max-minutes", type=float, default=None, help="stop learning after this much wall time")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(func=cmd_train)
 

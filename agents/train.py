@@ -48,6 +48,7 @@ class TrainConfig:
     :param bc_from: a baseline whose ``expert_action`` demonstrations pre-train the policy.
     :param resume: a checkpoint (``.zip``) or run folder to continue from.
     :param score_every: rollouts between validation scores against the baselines (0 = never).
+    :param max_minutes: stop learning after this much wall time since the start (``None``: no limit).
     """
 
     scenario: str = "jaillet-low"
@@ -71,6 +72,7 @@ class TrainConfig:
     validation_requests: int | None = None
     progress: bool = True
     torch_threads: int = 1
+    max_minutes: float | None = None
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -228,7 +230,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
-    from agents.callbacks import BaselineScoreCallback, RichProgressCallback, SummaryScalarsCallback
+    from agents.callbacks import (
+        BaselineScoreCallback,
+        RichProgressCallback,
+        SummaryScalarsCallback,
+        WallClockLimit,
+    )
     from agents.features import QueueSetExtractor
 
     t0 = time.perf_counter()
@@ -309,6 +316,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.score_every:
         score = BaselineScoreCallback(evaluate, baselines, cfg.score_every, save_dir=run_dir, vecnorm=venv)
         callbacks.append(score)
+    limit = None
+    if cfg.max_minutes is not None:
+        if cfg.max_minutes <= 0:
+            raise ValueError(f"max_minutes: must be > 0, got {cfg.max_minutes!r}")
+        limit = WallClockLimit(cfg.max_minutes, start=t0)
+        callbacks.append(limit)
     if cfg.progress:
         callbacks.append(RichProgressCallback(score))
     total = int(hp["n_timesteps"])
@@ -339,6 +352,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "last_scores": score.last if score is not None else {},
         },
         "episodes": summaries.n_episodes,
+        "stopped_by_time_limit": bool(limit is not None and limit.stopped),
         "learn_wall_s": learn_s,
         "wall_s": time.perf_counter() - t0,
     })

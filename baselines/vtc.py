@@ -32,8 +32,10 @@ admitted nothing. A minibatch takes requests in the policy's order until one doe
 ``batch_max_tokens`` (-1: LightLLM's ``max(M // 6, 3072)``; 0: no cap). ``memory="reserve"`` is
 LightLLM's reservation: admit only if ``max_k (left_(k) k + sum_{m<=k} s_(m)) <= M`` over the
 running requests and the minibatch sorted by remaining output ``left`` (``s``: KV now), so the
-KV never overflows (nothing is evicted; run with ``overflow=forbid`` to check); ``"fit"`` only
-needs the prompt plus one token to fit now (the engine's overflow handler then evicts).
+KV never overflows (nothing is evicted; run with ``overflow=forbid`` to check); ``"sum"`` reserves
+every running request's whole prompt + output at once (``sum <= M``), the reading under which
+Lemma 4.3's proof ("a client decodes at most M tokens after its last selection") holds; ``"fit"``
+only needs the prompt plus one token to fit now (the engine's overflow handler then evicts).
 
 Departures from the paper, with reasons:
 
@@ -42,6 +44,11 @@ Departures from the paper, with reasons:
   ``< M`` (our KV count is exact: the prefill writes prompt + first token), and whole blocks in
   paged mode (one block of slack per request). When nothing runs, the first pick is admitted
   whatever the check says (work conservation; the engine checked it fits alone).
+* Lemma 4.3's bound ``U = max(w_p L_input, w_q M)`` assumes a client decodes at most ``M`` tokens
+  after its last selection. Under the peak check (``reserve``, LightLLM's) requests that finish at
+  staggered times can decode more than ``M`` in total while another client's request waits for
+  room, so the counter spread can exceed ``U`` slightly (a constructed case in
+  ``tests/test_baselines_vtc.py`` reaches 225 > U = 222); under ``memory="sum"`` it cannot.
 * Ties in the lowest counter go to the lowest client id (the paper leaves them open).
 * Every output token is charged, the prefill's first token included (the paper; the artifact
   skips that token and charges an extra step at finishes). Counters are never reset.
@@ -127,6 +134,28 @@ class _Reservation:
         self.s.insert(i, s)
 
 
+class _SumReservation:
+    """The reading under which Lemma 4.3's proof holds: every running request holds its whole
+    prompt + output (predicted) at once, ``sum <= M``, so a client decodes at most ``M`` tokens
+    after its last selection. Stricter than the peak check (fewer requests run together)."""
+
+    def __init__(self, view: EngineView, pred: np.ndarray) -> None:
+        bs = view.block_size
+        self.bs = bs
+        self.used = sum(-(-(int(view.prompt_tokens[r]) + max(int(pred[r]), int(view.generated[r]) + 1)) // bs) * bs
+                        for r in view.running)
+        self.cap = view.kv_capacity
+
+    def _need(self, prompt: int, out: int) -> int:
+        return -(-(prompt + out) // self.bs) * self.bs
+
+    def fits(self, prompt: int, out: int) -> bool:
+        return self.used + self._need(prompt, out) <= self.cap
+
+    def add(self, prompt: int, out: int) -> None:
+        self.used += self._need(prompt, out)
+
+
 class _FreeNow:
     """Optimistic check: the prompt plus one token fits in the free KV right now."""
 
@@ -153,7 +182,7 @@ class _FairAdmission(Scheduler):
         configure(self, kwargs)
         _check(self.admit_every >= 0, "admit_every", "an int >= 0 (decode iterations between admissions)",
                self.admit_every)
-        _check(self.memory in ("reserve", "fit"), "memory", "one of reserve, fit", self.memory)
+        _check(self.memory in ("reserve", "sum", "fit"), "memory", "one of reserve, sum, fit", self.memory)
         _check(self.batch_max_tokens >= -1, "batch_max_tokens", "an int >= -1 (-1 auto, 0 no cap)",
                self.batch_max_tokens)
         _check(self.max_running >= 0, "max_running", "an int >= 0 (0 = no cap)", self.max_running)
@@ -203,8 +232,10 @@ class _FairAdmission(Scheduler):
         """Charge an admission (counter policies)."""
 
     # ---- the loop --------------------------------------------------------------------------
-    def _memory(self, view: EngineView) -> _Reservation | _FreeNow:
-        return _Reservation(view, view.predicted_output) if self.memory == "reserve" else _FreeNow(view)
+    def _memory(self, view: EngineView) -> _Reservation | _SumReservation | _FreeNow:
+        if self.memory == "reserve":
+            return _Reservation(view, view.predicted_output)
+        return _SumReservation(view, view.predicted_output) if self.memory == "sum" else _FreeNow(view)
 
     def schedule(self, view: EngineView) -> BatchPlan:
         if not self._active:

@@ -140,7 +140,7 @@ def multi_client(draw):
 def test_vtc_counter_gap_between_waiting_clients_within_U_lemma_4_3(case, name):
     arrival, client, prompt, output, kv, k, n_clients = case
     weights = [1.0, 2.0, 3.0, 4.0][:n_clients] if name == "vtc-weighted" else None
-    pol = Recorder(make_policy(name, admit_every=k))
+    pol = Recorder(make_policy(name, admit_every=k, memory="sum"))
     pol.attach()
     simulate(scenario(arrival, client, prompt, output, kv=kv, latency="unit", weights=weights), pol.p)
     u = max(1.0 * max(prompt), 2.0 * kv)
@@ -149,12 +149,27 @@ def test_vtc_counter_gap_between_waiting_clients_within_U_lemma_4_3(case, name):
     assert max(pol.spread, default=0.0) <= u + 1e-9
 
 
+def test_peak_reservation_can_exceed_lemma_4_3_bound_and_sum_reservation_cannot():
+    # found by hypothesis: client 0's requests (55 and 70 output tokens) pass the peak check
+    # together in M = 111 but decode 124 tokens after client 0's last selection, while client 1's
+    # 28-token prompt waits for room; U = max(28, 2 * 111) = 222
+    case = ([0.0] * 8, [0, 0, 0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 28, 1], [1, 55, 70, 1, 1, 1, 27, 1])
+    spreads = {}
+    for memory in ("reserve", "sum"):
+        pol = Recorder(make_policy("vtc", admit_every=0, memory=memory))
+        pol.attach()
+        simulate(scenario(*case, kv=111, latency="unit"), pol.p)
+        spreads[memory] = max(pol.spread)
+    assert spreads["reserve"] == 225.0 > 222.0
+    assert spreads["sum"] <= 222.0
+
+
 @settings(max_examples=40, deadline=None)
 @given(multi_client(), st.sampled_from(["vtc", "vtc-weighted"]))
 def test_vtc_backlogged_service_gap_within_2U_theorem_4_4(case, name):
     arrival, client, prompt, output, kv, k, n_clients = case
     weights = [1.0, 2.0, 3.0, 4.0][:n_clients] if name == "vtc-weighted" else None
-    rec = Recorder(make_policy(name, admit_every=k))
+    rec = Recorder(make_policy(name, admit_every=k, memory="sum"))
     rec.attach()
     r = simulate(scenario(arrival, client, prompt, output, kv=kv, latency="unit", weights=weights), rec.p)
     assert r.summary["preemptions"] == 0
@@ -374,6 +389,18 @@ def test_vtc_max_service_difference_below_fcfs_and_lcf_on_vtc_arena(arena):
     assert vtc < arena["fcfs"][1]["max"]
     assert vtc < arena["lcf"][1]["max"]
     assert arena["vtc"][1]["avg"] < arena["fcfs"][1]["avg"]
+
+
+def test_summary_fairness_block_reports_the_per_tick_difference_over_time(arena):
+    for name in ("fcfs", "vtc"):
+        run, ticks = arena[name]
+        f = run.summary["fairness"]
+        assert f["tick_diff"] == {k: ticks[k] for k in ("max", "avg", "var")}
+        curves = np.asarray(f["service_over_time"]["per_client"])
+        assert curves.shape == (run.engine.workload.n_clients, len(f["service_over_time"]["t_s"]))
+        assert np.all(np.diff(curves, axis=1) >= -1e-9)  # cumulative service never decreases
+        assert f["max_accumulated_gap"] == pytest.approx((curves.max(axis=0) - curves.min(axis=0)).max())
+    assert arena["vtc"][0].summary["fairness"]["tick_diff"]["max"] < arena["fcfs"][0].summary["fairness"]["tick_diff"]["max"]
 
 
 def test_rpm5_delivers_under_60_percent_of_vtc_throughput_on_vtc_arena(arena):

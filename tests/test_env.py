@@ -22,6 +22,7 @@ SMALL = {
     "azure-conv": {"workload.n_requests": 60},
     "jaillet-high": {"workload.n_requests": 80},
     "jaillet-low": {"workload.n_requests": 80},
+    "jaillet-noisy": {"workload.n_requests": 80},
     "vtc-arena": {"workload.n_requests": 60},
     "wait-high": {"workload.n_requests": 80},
     "nested-synth4": {"workload.n_requests": 80},

@@ -168,11 +168,16 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         svc = client_service(engine)
         active = np.bincount(wl.client[state != 0], minlength=wl.n_clients) > 0
         sv = svc[active] / wl.client_weight[active]
+        from llmsched_gym.core.fairness import fairness_report
+
+        # end-of-run totals (equal for every policy that completes everything), then seed 002's
+        # over-time view: the largest accumulated gap, the per-tick difference and service curves
         s["fairness"] = {
             "max_service_diff": float(sv.max() - sv.min()) if len(sv) else 0.0,
             "avg_service_diff": float(np.mean(np.abs(sv - sv.mean()))) if len(sv) else 0.0,
             "jain": jain_index(sv),
             "service_per_client": [float(v) for v in svc],
+            **fairness_report(engine, n_times=50),
         }
     if wl.has_prefix:
         prompt_arrived = int(wl.prompt_tokens[state != 0].sum())
