@@ -10,38 +10,14 @@ from hypothesis import strategies as st
 from baselines import PolicyError, make_policy
 from baselines.nested_wait import segment_boundaries
 from llmsched_gym.core.scheduler import BatchPlan
+from llmsched_gym.reproduce.wait import (
+    EXAMPLE2_LATENCY,
+    completions_per_iteration,
+    example2,
+    paper_start,
+    poisson,
+)
 from llmsched_gym.sim import make_engine, simulate
-
-EXAMPLE2_LATENCY = {"type": "linear", "d0": 0.4, "d1": 0.05}  # toy_example2: DeltaT* = 1
-
-
-def example2(workload: dict, horizon_s: float | None = None) -> dict:
-    """Example 2: l = 1, l' = 1, C = 12 token-level KV, prefill emits no token, Eq. 1 times."""
-    engine = {"kv_capacity_tokens": 12, "block_size": 1, "prefill_emits_token": False, "overflow": "forbid"}
-    if horizon_s:
-        engine["horizon_s"] = horizon_s
-    return {"name": "toy_example2", "workload": workload, "engine": engine, "latency": EXAMPLE2_LATENCY}
-
-
-def paper_start(horizon_s: float) -> dict:
-    """The paper's start: 3 prompts prefilled at t = 0 (stage 1 when the 6 of t = 0.5 wait at
-    stage 0, i.e. at t = 0.55), then 4 arrivals per unit time (one full iteration)."""
-    arr = np.concatenate([np.zeros(3), np.full(6, 0.5), 0.55 + np.arange(1, int(4 * horizon_s)) / 4.0])
-    n = len(arr)
-    return example2({"explicit": {"arrival_s": arr.tolist(), "prompt_tokens": [1] * n, "output_tokens": [1] * n}},
-                    horizon_s)
-
-
-def poisson(horizon_s: float) -> dict:
-    return example2({"types": [{"rate": 4, "prompt": 1, "output": 1}], "horizon_s": horizon_s}, horizon_s)
-
-
-def completions_per_iteration(result) -> np.ndarray:
-    it = result.iterations
-    ends = it["t_start"] + it["duration"]
-    done = result.requests["completion_s"]
-    done = done[np.isfinite(done)]
-    return np.array([np.count_nonzero(done == t) for t in ends])
 
 
 def run_plans(scenario: dict, policy):

@@ -107,3 +107,12 @@ def test_reference_metrics_skip_runs_that_are_not_round_mode():
     spec["latency"] = "affine"
     s = add_reference_metrics(simulate(spec, "fcfs", 0).summary, spec)
     assert "ratio_to_opt" not in s and "ratio_to_fluid" not in s
+
+
+def test_wait_report_replays_example2_deterministically():
+    from llmsched_gym.reproduce.wait import example2_rows
+
+    fcfs, wait_row, simulated = example2_rows(quick=True)
+    assert fcfs.ours.startswith("24.92% (completions per iteration [3, 4, 3] then 3 each")
+    assert fcfs.verdict == "reproduced" and wait_row.verdict == "reproduced"
+    assert simulated.verdict.startswith("not comparable")
