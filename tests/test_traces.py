@@ -74,6 +74,25 @@ def test_build_workload_cuts_a_trace_by_n_and_horizon():
     assert wl.arrival_s.max() < 60 and 150 < len(wl) < 19366
 
 
+def test_random_window_cut_differs_by_seed_and_is_a_contiguous_shifted_slice(tmp_path):
+    rows = "\n".join(f"{t},{10 + t},{1 + t % 7}" for t in range(50))
+    path = _write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n" + rows + "\n")
+    spec = {"trace": {"format": "csv", "path": str(path), "window": "random"}, "n_requests": 10}
+    a, b, a2 = (W.build_workload(spec, s) for s in (1, 2, 1))
+    np.testing.assert_array_equal(a.prompt_tokens, a2.prompt_tokens)  # deterministic under a seed
+    starts = {int(w.prompt_tokens[0]) - 10 for w in (a, b)}
+    assert len(starts) == 2  # different seeds, different windows
+    for w in (a, b):
+        s0 = int(w.prompt_tokens[0]) - 10
+        assert len(w) == 10 and w.arrival_s[0] == 0.0
+        np.testing.assert_array_equal(w.prompt_tokens, np.arange(s0, s0 + 10) + 10)
+        np.testing.assert_array_equal(w.arrival_s, np.arange(10.0))
+    whole = W.build_workload({**spec, "n_requests": 50}, 3)  # no room to move: the whole trace
+    assert int(whole.prompt_tokens[0]) == 10 and len(whole) == 50
+    with pytest.raises(W.WorkloadError, match="trace.window: unknown value 'tail'"):
+        W.build_workload({**spec, "trace": {**spec["trace"], "window": "tail"}}, 0)
+
+
 # --- synthetic stand-in and lookup --------------------------------------------------------------
 
 

@@ -48,10 +48,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "azure-conv": {
         "description": "Azure LLM inference trace 2023 (conversation, 19,366 requests, its own arrival times); "
         "Llama-2-7B on one A100 (roofline), paged KV with 118,784 tokens (7,424 blocks of 16) as Vidur "
-        "sets it, vLLM-style LIFO preemption with recompute. Falls back to a synthetic trace fitted to "
+        "sets it, vLLM-style LIFO preemption with recompute. A cut (n_requests, horizon_s) starts at a seeded row. Falls back to a synthetic trace fitted to "
         "the published statistics when ../shared/traces is absent.",
         "paper": "Splitwise (ISCA 2024) trace; capacity from seed003 digest section 5.6",
-        "workload": {"trace": {"format": "azure"}},
+        "workload": {"trace": {"format": "azure", "window": "random"}},
         "engine": {"kv_capacity_tokens": 118_784, "block_size": 16, "prefill_emits_token": True,
                    "overflow": "preempt_lifo_recompute", "kv_bytes_per_token": 524_288},
         "latency": "roofline:llama-2-7b/a100",

@@ -74,7 +74,9 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     :func:`~llmsched_gym.core.traces.synthetic_azure_conv` (``meta["source"] == "synthetic"``), and
     a missing VTC arena trace to :func:`~llmsched_gym.core.traces.synthetic_vtc_arena`.
     An ``arrival`` replaces the trace's timestamps (required for ``sharegpt``); ``time_scale``
-    multiplies them (0.5 doubles the rate). ``n_requests``/``horizon_s`` cut the trace.
+    multiplies them (0.5 doubles the rate). ``n_requests``/``horizon_s`` cut the trace: from its
+    first row (``window: head``, the default) or from a seeded start row (``window: random``,
+    arrivals shifted to start at 0), so that different seeds give different workloads.
 
 Randomness: each part of the spec draws from its own stream derived from ``(seed, field path)``,
 so the same seed gives identical arrays, and changing, say, the predictor leaves the arrivals and
@@ -845,7 +847,10 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
     for key in ("clients", "types", "prompt", "output", "prefix"):
         if key in spec:
             raise WorkloadError(f"{key}: not allowed with trace (the trace supplies it)")
-    t = _mapping(spec["trace"], "trace", ("format", "path", "on_zero", "time_scale"))
+    t = _mapping(spec["trace"], "trace", ("format", "path", "on_zero", "time_scale", "window"))
+    window = t.get("window", "head")
+    if window not in ("head", "random"):
+        raise WorkloadError(f"trace.window: unknown value {window!r} (allowed: head, random)")
     fmt = t.get("format")
     if fmt not in traces.FORMATS:
         raise WorkloadError(f"trace.format: unknown value {fmt!r} (allowed: {', '.join(traces.FORMATS)})")
@@ -874,4 +879,24 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
         wl = wl.with_(arrival_s=arr)
     if "time_scale" in t:
         wl = wl.with_(arrival_s=wl.arrival_s * _num(t["time_scale"], "trace.time_scale", gt=0))
+    if window == "random":
+        wl = _random_window(wl, n, horizon_s, b.rng("trace.window"))
     return _cut_workload(wl, n, horizon_s)
+
+
+def _random_window(wl: Workload, n: int | None, horizon_s: float | None, rng: np.random.Generator) -> Workload:
+    """The trace from a seeded start row on (arrivals shifted to start at 0), such that ``n`` rows
+    (or ``horizon_s`` seconds) remain; the whole trace when it is not longer than that."""
+    t = wl.arrival_s
+    if n is not None:
+        last_start = len(wl) - n
+    elif horizon_s is not None:
+        last_start = int(np.searchsorted(t, t[-1] - horizon_s, side="right")) - 1
+    else:
+        return wl
+    if last_start <= 0:
+        return wl
+    start = int(rng.integers(0, last_start + 1))
+    rows = {name: getattr(wl, name)[start:] for name in _ROW_ARRAYS}
+    rows["arrival_s"] = rows["arrival_s"] - rows["arrival_s"][0]
+    return wl.with_(**rows, prefix=None if wl.prefix is None else wl.prefix[start:])
