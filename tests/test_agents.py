@@ -171,6 +171,16 @@ def test_resume_continues_from_a_checkpoint(tiny_run):
     assert meta["timesteps"] == 1536
 
 
+def test_wall_clock_limit_stops_learning_and_still_saves(tiny_run, tmp_path):
+    _, _, cfg = tiny_run
+    cfg2 = TrainConfig(**{**cfg.__dict__, "name": "tiny-limited", "out": str(tmp_path), "timesteps": 10**6,
+                          "bc_from": None, "score_every": 0, "max_minutes": 1e-4})
+    meta = train(cfg2)
+    assert meta["stopped_by_time_limit"] is True
+    assert 0 < meta["timesteps"] < 10**6
+    assert (tmp_path / "tiny-limited" / "model.zip").exists()
+
+
 @pytest.mark.parametrize("scenario, policy", [("azure-conv", "mcsf"), ("jaillet-low", "fcfs"), ("jaillet-low", "vllm-v1")])
 def test_evaluate_of_a_baseline_equals_llmsched_run(tmp_path, capsys, scenario, policy):
     run_json = tmp_path / "run.json"
