@@ -651,6 +651,18 @@ def adversarial_ratio_lower_bound(M: int, eps: float) -> float:
     return min(b["A1"], b["A2"]) / b["A3"]
 
 
+def adversarial_wait_schedule(instance: Instance) -> np.ndarray:
+    """Start rounds of Thm 6.2's offline strategy A3 on an :func:`adversarial_deterministic`
+    instance: hold the long request (request 0) until the shorts arrive, serve them first
+    (Algorithm 1 order: shortest first while Eq. (1) holds), then the long one. The schedule is
+    feasible, so its TEL is an upper bound on OPT and ``TEL(policy) / TEL(A3)`` a lower bound on
+    the policy's ratio to the optimum on that instance."""
+    t_short = int(instance.arrival[1:].min())
+    held = Instance(arrival=np.r_[t_short, instance.arrival[1:]], prompt=instance.prompt,
+                    output=instance.output, M=instance.M, convention=instance.convention)
+    return algorithm1_schedule(held)
+
+
 def adversarial_yao(M: int, eps: float, c: int, convention: Convention = "A") -> list[tuple[float, Instance]]:
     """Thm 6.4 (Yao) distribution, digest §2.6: ``[(probability, instance), ...]``.
 
@@ -679,5 +691,6 @@ __all__ = [
     "Instance", "OptResult", "memory_profile", "is_feasible", "total_latency", "algorithm1_schedule",
     "solve_ip", "lp_bound", "solve_exhaustive", "solve_optimum", "regret", "ratio_to_opt",
     "adversarial_deterministic", "adversarial_bounds", "adversarial_ratio_lower_bound", "adversarial_yao",
+    "adversarial_wait_schedule",
     "EXHAUSTIVE_MAX_N", "EXHAUSTIVE_MAX_OUTPUT", "IP_MAX_N", "IP_MAX_VARS",
 ]

@@ -16,6 +16,7 @@ from llmsched_gym.optimum import (
     adversarial_bounds,
     adversarial_deterministic,
     adversarial_ratio_lower_bound,
+    adversarial_wait_schedule,
     adversarial_yao,
     algorithm1_schedule,
     is_feasible,
@@ -145,6 +146,19 @@ def test_adversarial_small_instance_optimum() -> None:
     res = solve_optimum(inst)
     assert res.status == "optimal" and is_feasible(inst, res.starts)
     assert res.tel <= total_latency(inst, algorithm1_schedule(inst))
+
+
+def test_adversarial_wait_schedule_is_feasible_and_bounds_opt() -> None:
+    # Thm 6.2's A3: hold the long request for the shorts; optimal on the smallest instance
+    inst = adversarial_deterministic(M=20, eps=0.25)
+    p = adversarial_wait_schedule(inst)
+    assert is_feasible(inst, p) and p[0] >= max(p[1:])
+    assert total_latency(inst, p) == solve_optimum(inst).tel == 36
+    for M, eps in ((100, 0.1), (200, 0.25)):
+        inst = adversarial_deterministic(M=M, eps=eps)
+        p = adversarial_wait_schedule(inst)
+        assert is_feasible(inst, p)
+        assert total_latency(inst, p) < total_latency(inst, algorithm1_schedule(inst))
 
 
 def test_adversarial_yao() -> None:

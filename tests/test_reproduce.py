@@ -116,3 +116,31 @@ def test_wait_report_replays_example2_deterministically():
     assert fcfs.ours.startswith("24.92% (completions per iteration [3, 4, 3] then 3 each")
     assert fcfs.verdict == "reproduced" and wait_row.verdict == "reproduced"
     assert simulated.verdict.startswith("not comparable")
+
+
+@pytest.mark.skipif("mcsf" not in available(), reason="policy mcsf not registered")
+def test_mcsf_ratio_on_thm62_instances_grows_with_m_above_the_paper_bound():
+    from llmsched_gym.optimum import adversarial_ratio_lower_bound
+    from llmsched_gym.reproduce.cli import adversarial_mcsf_ratios
+
+    Ms = [40, 160, 640, 2560]
+    ratios = adversarial_mcsf_ratios(0.25, Ms)
+    assert all(a < b for a, b in zip(ratios, ratios[1:], strict=False))
+    assert all(r >= adversarial_ratio_lower_bound(M, 0.25) for M, r in zip(Ms, ratios, strict=True))
+    assert 3.5 < ratios[-1] < 4.0  # towards 1/eps = 4
+
+
+def test_echo_measure_counts_lookups_and_the_undrained_pool():
+    from llmsched_gym.core.scenarios import get_scenario
+    from llmsched_gym.reproduce.echo import measure
+
+    spec = get_scenario("echo-hybrid", {"workload.horizon_s": 20.0, "engine.horizon_s": 20.0,
+                                        "workload.classes.offline.n_requests": 2000})
+    r = simulate(spec, "echo-bs-e-s", 0)
+    m = measure(r)
+    req = r.requests
+    started = (req["task_class"] == 1) & np.isfinite(req["first_scheduled_s"])
+    assert m["pool_left"] == 2000 - started.sum() > 0
+    # every started offline request looks its prompt up at least once; hits never exceed lookups
+    assert 0.5 < m["hit"] <= 1.0
+    assert m["offline_tps"] == r.summary["by_class"]["offline"]["throughput_tokens_per_s"]

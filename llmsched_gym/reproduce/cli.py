@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +62,94 @@ def mcsf_ratios(n_instances: int, n: int = 8, seed: int = 0) -> list[float]:
     return out
 
 
+def adversarial_mcsf_ratios(eps: float, Ms: list[int]) -> list[float]:
+    """MC-SF's TEL (engine, round mode) over the TEL of Thm 6.2's offline strategy A3 on the
+    :func:`~llmsched_gym.optimum.adversarial_deterministic` instance for each ``M`` (MC-SF starts
+    the lone long request at round 0, so the adversary's ``t' = 0``). A3's TEL bounds OPT above,
+    so each value is a lower bound on MC-SF's ratio to the optimum."""
+    from llmsched_gym.optimum import adversarial_deterministic, adversarial_wait_schedule, total_latency
+    from llmsched_gym.reproduce.report import paper_tel, round_mode_scenario
+    from llmsched_gym.sim import simulate
+
+    out = []
+    for M in Ms:
+        inst = adversarial_deterministic(M, eps)
+        tel = paper_tel(simulate(round_mode_scenario(inst), "mcsf", 0).summary)
+        out.append(tel / total_latency(inst, adversarial_wait_schedule(inst)))
+    return out
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One Figure 5 demand level as the report runs it."""
+
+    label: str
+    rate: float
+    paper_ratio: str  # the paper's best-benchmark / MC-SF slope statement
+    paper_slopes: str
+    paper_alpha: float  # smallest loop-free alpha
+    best_alpha: tuple[float, float]  # the alpha range the alpha sweep finds best (Figs 9/12)
+    good_beta: tuple[float, float]  # the beta range that performs well (Figs 10/13)
+    note: str = ""
+
+
+DEMANDS = (
+    Demand("high", 50.0, "about 3x", "MC-SF ~1/6, best benchmark ~1/2", 0.21, (0.15, 0.25), (0.05, 0.25)),
+    Demand("low", 10.0, "at least 8x", "MC-SF ~1/800, best benchmark ~1/100", 0.24, (0.10, 0.25), (0.05, 0.20),
+           "the paper's rate; under our roofline nothing is overloaded here"),
+    Demand("low, calibrated", 20.0, "at least 8x", "MC-SF ~1/800, best benchmark ~1/100", 0.24, (0.10, 0.25),
+           (0.05, 0.20), "our analogue of the paper's low demand: the rate at which our MC-SF's slope is about "
+           "the paper's 1/800 s per arrival (a scan with seed 0 and N = 2000, 6000, 10000 gave 1.0e-4 at lambda = "
+           "15, 9.0e-4 at 20, 4.3e-3 at 30), i.e. MC-SF near-stable with the memory near its limit; only the rate "
+           "is calibrated, on MC-SF alone, so the benchmark slopes and the ratio remain a test"),
+)
+"""Seed 000's two demand levels, plus the calibrated low demand (see the report's notes)."""
+
+
+def _ratio_verdict(d: Demand, ratio: float, mcsf_slope: float, bench_slope: float) -> str:
+    if mcsf_slope <= 0 or bench_slope <= 0 or mcsf_slope < 1e-4 * bench_slope:
+        return not_comparable("latency does not grow with N at this rate under our roofline (slopes <= 0 or "
+                              "MC-SF's negligible): the system is not overloaded, so the slope ratio is "
+                              "meaningless; see the calibrated low demand")
+    if d.paper_ratio.startswith("at least"):
+        return ordering_verdict(ratio >= 8.0)
+    return within(ratio, 3.0, 0.34)
+
+
+def _sweep_rows(d: Demand, sw: dict[str, Any]) -> list[Row]:
+    rows = []
+    best = {b: min(v, key=v.get) for b, v in sw["alpha"].items()}
+    lo, hi = d.best_alpha
+    rows.append(Row(f"{d.label} demand (Fig. {'9' if d.rate == 50 else '12'}): alpha in [{lo}, {hi}] gives the "
+                    "lowest latency at beta = 0.1 and 0.2", f"[{lo}, {hi}]",
+                    "; ".join(f"beta = {b}: best alpha {a} ({', '.join(f'{x}: {fmt(y)}' for x, y in sw['alpha'][b].items())} s)"
+                              for b, a in best.items()),
+                    ordering_verdict(all(lo <= a <= hi for a in best.values()))))
+    drop = {b: v[0.05] / min(x for a, x in v.items() if a >= 0.1) for b, v in sw["alpha"].items()}
+    rows.append(Row(f"{d.label} demand: alpha < 0.1 degrades sharply (alpha = 0.05 over the best alpha >= 0.1)",
+                    "sharp drop (no number)", ", ".join(f"beta = {b}: {fmt(r)}x" for b, r in drop.items()),
+                    ordering_verdict(all(r > 1.1 for r in drop.values()))))
+    lo, hi = d.good_beta
+    spread = {a: max(y for b, y in v.items() if lo <= b <= hi) / min(v.values()) for a, v in sw["beta"].items()}
+    rows.append(Row(f"{d.label} demand (Fig. {'10' if d.rate == 50 else '13'}): beta in [{lo}, {hi}] performs "
+                    "well (worst within 10% of the best beta) at alpha = 0.1 and 0.2", f"[{lo}, {hi}]",
+                    "; ".join(f"alpha = {a}: worst / best {fmt(r)} ({', '.join(f'{x}: {fmt(y)}' for x, y in sw['beta'][a].items())} s)"
+                              for a, r in spread.items()),
+                    ordering_verdict(all(r <= 1.1 for r in spread.values()))))
+    return rows
+
+
 def run_jaillet(quick: bool = False) -> PaperReport:
-    """Seed 000: Figure 5 slopes and ratios, smallest loop-free alpha, optimum references."""
+    """Seed 000: Figure 5 slopes and ratios, smallest loop-free alpha, alpha/beta sweeps,
+    optimum references and the Thm 6.2 instances."""
     from llmsched_gym.optimum import adversarial_ratio_lower_bound
 
     rows: list[Row] = []
     plots: list[Plot] = []
-    notes = ["The batch-time model is ours (roofline Llama-2-70B on 2xA100), not the paper's measured one, so "
-             "absolute slopes differ (and the paper's own 1/6 s per arrival contradicts its 200 s claim, "
-             "erratum E6): only the slope ratios and orderings are compared."]
+    notes = ["The batch-time model is ours (roofline Llama-2-70B on 2xA100), not the paper's Vidur one, and the "
+             "lengths are lognormal fits of the LMSYS mean/median, so absolute slopes differ (and the paper's own "
+             "1/6 s per arrival contradicts its 200 s claim, erratum E6): the slope ratios and orderings are "
+             "compared."]
     missing = missing_policies(["mcsf", "alpha-greedy", "alpha-beta"])
     jaillet = None
     if not missing:
@@ -79,38 +159,65 @@ def run_jaillet(quick: bool = False) -> PaperReport:
             missing = ["llmsched_gym.reproduce.jaillet"]
     n_values = [1000, 2000, 3000] if quick else [1000, 2000, 4000, 6000, 8000, 10000]
     seeds = [0] if quick else [0, 1, 2]
-    for rate, paper_ratio, paper_alpha, tol_note in ((50.0, 3.0, 0.21, "about 3x"), (10.0, 8.0, 0.24, "at least 8x")):
-        demand = "high" if rate == 50.0 else "low"
+    for d in DEMANDS:
+        if d.note:
+            notes.append(f"{d.label} demand (lambda = {d.rate:g}): {d.note}.")
         if jaillet is None:
             reason = not_comparable(f"policy {missing[0]} not available")
-            rows.append(Row(f"{demand} demand: best benchmark slope / MC-SF slope", tol_note, "-", reason))
-            rows.append(Row(f"{demand} demand: smallest loop-free alpha", fmt(paper_alpha), "-", reason))
+            rows.append(Row(f"{d.label} demand: best benchmark slope / MC-SF slope", d.paper_ratio, "-", reason))
             continue
-        sw = jaillet.run_sweep(rate, n_values, seeds, quick=quick)
+        sw = jaillet.run_sweep(d.rate, n_values, seeds, quick=quick)
         ratio = sw["slope_ratio_best_benchmark_to_mcsf"]
-        slopes = ", ".join(f"{k} {v['slope']:.3g}" for k, v in sw["policies"].items())
-        ok = ratio >= paper_ratio if rate == 10.0 else within(ratio, paper_ratio, 0.34) == "reproduced"
-        rows.append(Row(f"{demand} demand (lambda = {rate:g}): best benchmark slope / MC-SF slope (Fig. 5)",
-                        tol_note, f"{ratio:.3g} (best {sw['best_benchmark']}; slopes s/arrival: {slopes})",
-                        ordering_verdict(bool(ok)) if sw["policies"]["mcsf"]["slope"] > 0 else
-                        not_comparable("MC-SF's latency does not grow at these N (slope <= 0), so the ratio is "
-                                       "undefined; the full version runs up to N = 10,000")))
-        rows.append(Row(f"{demand} demand: MC-SF has the smallest latency slope", "ordering",
-                        f"MC-SF {sw['policies']['mcsf']['slope']:.3g}",
-                        ordering_verdict(all(sw["policies"]["mcsf"]["slope"] <= v["slope"]
-                                             for v in sw["policies"].values()))))
-        plots.append(Plot(f"fig5_{demand}", f"Fig. 5 analogue, lambda = {rate:g}", "N (arrivals)",
-                          "mean E2E latency (s)",
-                          {k: (n_values, v["mean_e2e_s"]) for k, v in sw["policies"].items()}))
+        pol = sw["policies"]
+        mcsf_slope = pol["mcsf"]["slope"]
+        best = sw["best_benchmark"]
+        slopes = ", ".join(f"{k} {v['slope']:.3g}" for k, v in pol.items())
+        verdict = _ratio_verdict(d, ratio, mcsf_slope, pol[best]["slope"] if best else 0.0)
+        overloaded = not verdict.startswith("not comparable")
+        rows.append(Row(f"{d.label} demand (lambda = {d.rate:g}): best benchmark slope / MC-SF slope (Fig. 5)",
+                        f"{d.paper_ratio} ({d.paper_slopes} s/arrival)",
+                        f"{ratio:.3g} (best {best}; slopes s/arrival: {slopes})", verdict))
+        rows.append(Row(f"{d.label} demand: MC-SF has the smallest latency slope", "ordering",
+                        f"MC-SF {mcsf_slope:.3g} vs best benchmark {pol[best]['slope'] if best else float('nan'):.3g}",
+                        ordering_verdict(all(mcsf_slope <= v["slope"] for v in pol.values())) if overloaded else
+                        not_comparable("not overloaded: every slope is about 0")))
+        last = pol["mcsf"]["runs"][-1]
+        peak = max(r["kv_peak_frac"] for r in last)
+        mean = float(np.mean([r["kv_mean_frac"] for r in last]))
+        rows.append(Row(f"{d.label} demand: MC-SF's memory stays within M (Fig. {'8' if d.rate == 50 else '11'})"
+                        + ("" if d.rate == 50 else ", near the limit most of the time"),
+                        "<= M" + ("" if d.rate == 50 else ", near M"),
+                        f"peak {peak:.3f} M, time-average {mean:.2f} M (N = {n_values[-1]})",
+                        ordering_verdict(peak <= 1.0) if d.rate == 50 else
+                        ordering_verdict(peak <= 1.0 and mean >= 0.5)
+                        + ("" if mean >= 0.5 or overloaded else
+                           ": the memory is mostly idle because this rate does not overload our roofline")))
+        if d.rate != 50:
+            rows.append(Row(f"{d.label} demand: best benchmarks are (alpha = 0.2, beta = 0.2) and (0.2, 0.1)",
+                            "(0.2, 0.2), (0.2, 0.1)", f"best {best}",
+                            ordering_verdict(best in ("alpha=0.2,beta=0.2", "alpha=0.2,beta=0.1")) if overloaded
+                            else not_comparable("not overloaded: every slope is about 0")))
+        plots.append(Plot(f"fig5_{d.label.replace(', ', '_')}", f"Fig. 5 analogue, lambda = {d.rate:g}",
+                          "N (arrivals)", "mean E2E latency (s)",
+                          {k: (n_values, v["mean_e2e_s"]) for k, v in pol.items()}))
         scan = sw["loop_scan"]
         if scan is None:
-            rows.append(Row(f"{demand} demand: smallest loop-free alpha (alpha-greedy)", fmt(paper_alpha), "-",
+            rows.append(Row(f"{d.label} demand: smallest loop-free alpha (alpha-greedy)", fmt(d.paper_alpha), "-",
                             not_comparable("loop scan runs only in the full version")))
         else:
             a = scan["smallest_loop_free_alpha"]
-            rows.append(Row(f"{demand} demand: smallest loop-free alpha (alpha-greedy, N = {scan['n_requests']})",
-                            fmt(paper_alpha), f"{a} (looping: {scan['looping']})",
-                            ordering_verdict(a is not None and abs(a - paper_alpha) <= 0.03)))
+            looping = scan["looping"]
+            verdict = (not_comparable("no alpha loops at this rate (the memory never fills), so there is no "
+                                      "threshold to compare") if not looping else
+                       ordering_verdict(a is not None and abs(a - d.paper_alpha) <= 0.03)
+                       + ("" if a is not None and abs(a - d.paper_alpha) <= 0.03 else
+                          ": where clear-all starts to loop depends on how close the protected admissions fill "
+                          "M, i.e. on the length distribution and batch timing, which are ours"))
+            rows.append(Row(f"{d.label} demand: smallest loop-free alpha (alpha-greedy, grid 0.01, N = {scan['n_requests']})",
+                            fmt(d.paper_alpha), f"{a} (looping: {looping[0]}..{looping[-1]})" if looping else f"{a}",
+                            verdict))
+        if not quick and d.rate != 10.0:
+            rows += _sweep_rows(d, jaillet.param_sweeps(d.rate, n_values[-1], seeds[0]))
     agree, total = ip_vs_exhaustive(10 if quick else 50)
     rows.append(Row("IP (digest §5.2) equals exhaustive search on random tiny instances", "exact (ours)",
                     f"{agree}/{total}", ordering_verdict(agree == total)))
@@ -119,18 +226,30 @@ def run_jaillet(quick: bool = False) -> PaperReport:
                         not_comparable("policy mcsf not available")))
     else:
         r = mcsf_ratios(10 if quick else 60)
-        rows.append(Row("MC-SF TEL / OPT on random small online instances (n = 8, M = 20)",
-                        "about 1.005-1.05 (later versions, not this seed)",
-                        f"mean {np.mean(r):.4f}, max {np.max(r):.4f} over {len(r)} instances",
-                        not_comparable("the paper's instances are larger (not solvable exactly here); ours are "
-                                       "random tiny ones") if np.mean(r) > 1.05 else ordering_verdict(min(r) >= 1)))
+        rows.append(Row("MC-SF TEL / OPT on random small online instances (n = 8, M = 20; exact OPT by the IP)",
+                        "about 1.047 online, 1.005 all-at-once (later versions, not this seed)",
+                        f"mean {np.mean(r):.4f}, max {np.max(r):.4f}, min {np.min(r):.4f} over {len(r)} instances",
+                        not_comparable("the later version's instances are larger (not solvable exactly here); ours "
+                                       "are random tiny ones") if np.mean(r) > 1.05 else
+                        ordering_verdict(min(r) >= 1)))
+        eps, Ms = 0.1, [160, 320, 640, 1280, 2560]
+        ar = adversarial_mcsf_ratios(eps, Ms)
+        lbs = [adversarial_ratio_lower_bound(M, eps) for M in Ms]
+        rows.append(Row(f"Thm 6.2 instances (eps = {eps}): MC-SF's ratio grows with M towards 1/eps "
+                        "(ours: MC-SF TEL / TEL of the offline strategy A3, a lower bound on its ratio to OPT)",
+                        "CR >= min(A1, A2) / A3 -> 1/eps = 10; " + ", ".join(f"{b:.3g}" for b in lbs),
+                        ", ".join(f"M={M}: {x:.3g}" for M, x in zip(Ms, ar, strict=True)),
+                        ordering_verdict(all(x < y for x, y in zip(ar, ar[1:], strict=False))
+                                         and all(x >= b for x, b in zip(ar, lbs, strict=True)))))
     eps = 0.1
-    lbs = [adversarial_ratio_lower_bound(M, eps) for M in (100, 1000, 10000, 100000)]
-    rows.append(Row(f"Thm 6.2: competitive-ratio lower bound grows to 1/eps (eps = {eps})", "-> 10",
-                    ", ".join(f"M={M}: {b:.3g}" for M, b in zip((100, 1000, 10000, 100000), lbs, strict=True)),
+    big = (100, 1000, 10000, 100000)
+    lbs = [adversarial_ratio_lower_bound(M, eps) for M in big]
+    rows.append(Row(f"Thm 6.2: the bound min(A1, A2) / A3 itself grows to 1/eps (eps = {eps})", "-> 10",
+                    ", ".join(f"M={M}: {b:.3g}" for M, b in zip(big, lbs, strict=True)),
                     ordering_verdict(all(x < y for x, y in zip(lbs, lbs[1:], strict=False)) and lbs[-1] > 9)))
     return PaperReport("jaillet", "Seed 000, MC-SF (Jaillet et al.)", rows, plots, notes,
-                       config=f"jaillet-high / jaillet-low, N = {n_values}, seeds {seeds}")
+                       config=f"jaillet-high / jaillet-low (and lambda = 20), N = {n_values}, seeds {seeds}"
+                       + ("" if quick else f"; alpha/beta sweeps at N = {n_values[-1]}, seed {seeds[0]}"))
 
 
 # --- commands -------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Figure 5: mean end-to-end latency of MC-SF and of six alpha-protection configura
 number of arrivals N = 1000..10000 (the first N requests of one Poisson stream; digest section
 4.3-4.4), at high (50/s, ``jaillet-high``) and low (10/s, ``jaillet-low``) demand. The headline
 statistic is the slope of mean latency vs N (least squares) and the ratio best-benchmark/MC-SF
-(paper: about 3 at high demand, at least 8 at low demand; digest section 4.5).
+(paper: about 3 at high demand, at least 8 at low demand; digest section 4.5). Figures 9-10 and
+12-13 sweep alpha at beta = 0.1, 0.2 and beta at alpha = 0.1, 0.2 (:func:`param_sweeps`).
 
 Engine conventions (scenario defaults): token-level KV, ``prefill_emits_token = False``
 (convention A), so a request completes at the end of its last iteration; in round mode the
@@ -53,6 +54,7 @@ def run_one(rate: float, n_requests: int, policy: str, params: dict[str, float],
     return {
         "mean_e2e_s": s["e2e_s"]["mean"], "n_completed": s["n_completed"], "iterations": s["iterations"],
         "clears": s["clears"], "recomputed_tokens": s["recomputed_tokens"], "kv_peak_frac": s["kv_peak_frac"],
+        "kv_mean_frac": s["kv_mean_frac"],
         "non_terminating": s["non_terminating"], "stop_reason": s["stop_reason"], "wall_time_s": s["wall_time_s"],
     }
 
@@ -102,3 +104,24 @@ def run_sweep(rate: float, n_values: list[int], seeds: list[int], quick: bool = 
     return {"rate": rate, "scenario": scenario_for(rate, max(n_values))["name"], "n_values": n_values,
             "seeds": list(seeds), "policies": policies, "best_benchmark": best,
             "slope_ratio_best_benchmark_to_mcsf": ratio, "loop_scan": scan}
+
+
+SWEEP_GRID: tuple[float, ...] = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+"""alpha (Figs 9/12) and beta (Figs 10/13) values of :func:`param_sweeps`."""
+
+
+def param_sweeps(rate: float, n_requests: int, seed: int = 0) -> dict[str, dict[float, dict[float, float]]]:
+    """Mean E2E latency of alpha-beta clearing over :data:`SWEEP_GRID`: ``alpha[beta][alpha]``
+    (Fig. 9/12: beta in {0.1, 0.2}) and ``beta[alpha][beta]`` (Fig. 10/13: alpha in {0.1, 0.2}).
+    A run stopped by the loop detector counts as infinite latency."""
+
+    seen: dict[tuple[float, float], float] = {}
+
+    def lat(alpha: float, beta: float) -> float:
+        if (alpha, beta) not in seen:
+            r = run_one(rate, n_requests, "alpha-beta", {"alpha": alpha, "beta": beta}, seed)
+            seen[alpha, beta] = float("inf") if r["non_terminating"] else float(r["mean_e2e_s"])
+        return seen[alpha, beta]
+
+    return {"alpha": {b: {a: lat(a, b) for a in SWEEP_GRID} for b in (0.1, 0.2)},
+            "beta": {a: {b: lat(a, b) for b in SWEEP_GRID} for a in (0.1, 0.2)}}
