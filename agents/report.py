@@ -175,6 +175,12 @@ def aggregate(records: list[RunRecord]) -> dict[float, dict[str, dict[str, dict[
     return out
 
 
+def _table_order(per: dict, policy: str, agents: Iterable[str]) -> tuple:
+    """Agents first, then by mean E2E, policies that left requests incomplete last."""
+    return (policy not in agents, per[policy]["completed_frac"]["mean"] < COMPLETE_FRAC,
+            per[policy]["e2e_mean_s"]["mean"])
+
+
 def best_policy(agg_load: dict[str, dict[str, dict[str, float]]], metric: str, exclude: Iterable[str] = ()) -> str | None:
     """The policy with the best mean ``metric`` at one load level (ties: the first). Latencies
     cover completed requests only, so a policy that completes less than ``COMPLETE_FRAC`` of the
@@ -217,7 +223,7 @@ def markdown_tables(agg: dict, agents: Iterable[str] = ()) -> str:
         lines += [f"### load x{load:g}", "", "| policy | " + " | ".join(lbl for _, lbl in cols) + " |",
                   "|---|" + "---:|" * len(cols)]
         best = {k: best_policy(per, k) for k, _ in cols}
-        order = sorted(per, key=lambda p: (p not in agents, per[p]["e2e_mean_s"]["mean"]))
+        order = sorted(per, key=lambda p: _table_order(per, p, agents))
         for p in order:
             cells = []
             for k, _ in cols:
@@ -379,7 +385,7 @@ def print_table(agg: dict, agents: Iterable[str] = (), title: str = "") -> None:
         for _, lbl in cols:
             t.add_column(lbl, justify="right")
         best = {k: best_policy(per, k) for k, _ in cols}
-        for p in sorted(per, key=lambda p: (p not in agents, per[p]["e2e_mean_s"]["mean"])):
+        for p in sorted(per, key=lambda p: _table_order(per, p, agents)):
             cells = [(f"[bold]{_cell(per[p][k], k)}[/bold]" if best[k] == p else _cell(per[p][k], k)) for k, _ in cols]
             t.add_row(f"[red]{p}[/red]" if p in agents else p, *cells)
         con.print(t)

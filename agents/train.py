@@ -45,7 +45,8 @@ class TrainConfig:
     :param env_kwargs: env settings over the file's (``action_mode``, ``admission``, ``K``, ...).
     :param overrides: scenario ``--set`` overrides over the file's ``env_kwargs.overrides``.
     :param hyperparams: ``--hp key=value`` over the file's entry (``n_steps``, ``learning_rate``...).
-    :param bc_from: a baseline whose ``expert_action`` demonstrations pre-train the policy.
+    :param bc_from: a baseline (name, or ``{"name": ..., **params}``) whose ``expert_action``
+        demonstrations pre-train the policy.
     :param resume: a checkpoint (``.zip``) or run folder to continue from.
     :param score_every: rollouts between validation scores against the baselines (0 = never).
     :param max_minutes: stop learning after this much wall time since the start (``None``: no limit).
@@ -63,7 +64,7 @@ class TrainConfig:
     overrides: dict[str, Any] = field(default_factory=dict)
     hyperparams: dict[str, Any] = field(default_factory=dict)
     hyperparams_file: str | None = None
-    bc_from: str | None = None
+    bc_from: str | dict[str, Any] | None = None
     bc_episodes: int = 4
     bc_epochs: int = 10
     resume: str | None = None
@@ -149,7 +150,7 @@ class _TrainingWorkloads:
         return SeedSequenceWrapper(make_env(scenario, env_kwargs))
 
 
-def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str, episodes: int, seed_base: int
+def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, episodes: int, seed_base: int
                            ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, float]]:
     """Observations, masks and actions of ``policy`` driving the env through ``expert_action``
     (attached as the env's expert, so policies with engine hooks work too)."""

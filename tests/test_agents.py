@@ -171,6 +171,24 @@ def test_resume_continues_from_a_checkpoint(tiny_run):
     assert meta["timesteps"] == 1536
 
 
+def test_bc_from_takes_a_baseline_with_parameters():
+    from agents.cli import _expert
+
+    assert _expert("mcsf") == "mcsf"
+    assert _expert("sjf:max_num_seqs=96,oracle=true") == {"name": "sjf", "max_num_seqs": 96, "oracle": True}
+    env = make_env("jaillet-high", {"order": "shortest", "expert": _expert("sjf:max_num_seqs=2"),
+                                    "overrides": {"workload.n_requests": 30}})
+    env.reset(seed=0)
+    base = env.unwrapped
+    most = 0
+    while True:  # the capped expert's demonstrations never run more than 2 requests at once
+        _, _, term, trunc, info = env.step(base.expert_action())
+        most = max(most, len(base.engine.running))
+        if term or trunc:
+            break
+    assert most == 2 and info["summary"]["n_completed"] == 30
+
+
 def test_wall_clock_limit_stops_learning_and_still_saves(tiny_run, tmp_path):
     _, _, cfg = tiny_run
     cfg2 = TrainConfig(**{**cfg.__dict__, "name": "tiny-limited", "out": str(tmp_path), "timesteps": 10**6,
