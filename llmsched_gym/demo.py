@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
     quick = args.quick
     workload = get_scenario(args.scenario)["workload"]
-    if "trace" in workload and "arrival" not in workload and not args.seeds:
-        # a replayed trace is the same workload whatever the seed: one seed, no confidence interval
+    fixed = "trace" in workload and "arrival" not in workload and workload["trace"].get("window", "head") == "head"
+    if fixed and not args.seeds:
+        # a trace replayed from its first row is the same workload whatever the seed
         args.seeds = "100"
         print(f"note: {args.scenario} replays a fixed trace (its first N requests), so seeds do not change the "
               "workload: one evaluation seed; training episodes are a prefix of the evaluation workload")
