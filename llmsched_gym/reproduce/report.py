@@ -212,6 +212,8 @@ def add_reference_metrics(summary: dict[str, Any], scenario_spec: dict[str, Any]
         types = [(float(t["rate"]), float(t["prompt"]), float(t["output"])) for t in wspec["types"]]
         fb = fluid_bound(types, d0, d1, C=float(config.kv_capacity_tokens))
         summary["fluid_throughput_star"] = fb.throughput_star
+        if fb.memory_slack is not None:
+            summary["fluid_memory_slack"] = fb.memory_slack
         summary["ratio_to_fluid"] = summary["throughput_tokens_per_s"] / fb.throughput_star
         if fb.capacity_aware is not None:
             summary["ratio_to_fluid_capacity_aware"] = (
