@@ -1,8 +1,8 @@
 """``llmsched reproduce PAPER [--quick] [--out DIR]`` and ``llmsched optimum --scenario S``.
 
 ``reproduce`` runs one paper's experiments (``llmsched_gym/reproduce/PAPER.py``; seed 000's
-sweep is ``jaillet.run_sweep``, adapted here) and writes ``runs/reproduce/PAPER/report.md``
-with plots. ``optimum`` builds a round-mode instance from a scenario's workload (arrival round
+sweep is ``jaillet.run_sweep``, adapted here with the optimum rows, the Thm 6.2 instances and a
+calibrated low demand) and writes ``runs/reproduce/PAPER/report.md`` with plots. ``optimum`` builds a round-mode instance from a scenario's workload (arrival round
 ``floor(arrival_s / round_s)``, true output lengths, ``M = engine.kv_capacity_tokens``) and
 solves the hindsight optimum of seed 000 (digest §5), optionally next to a policy's run.
 """

@@ -3,13 +3,17 @@ with Memory Constraints") reproduction: Example 2's FCFS loss and the throughput
 WAIT against vLLM and Sarathi with the ratio to the fluid bound (digest §5.2-5.5, §6.7-6.8).
 
 The text gives no per-algorithm numbers (figures missing), so the rows are the Example 2 range
-(12-25% FCFS loss at C = M* = 12) and the orderings "WAIT > vLLM, Sarathi" and "Nested WAIT >
-vLLM, Sarathi" in throughput, with our numbers and ``ratio_to_fluid``.
+(12-25% FCFS loss at C = M* = 12, replayed deterministically from the paper's start; a Poisson
+run is shown beside it) and the orderings "WAIT > vLLM, Sarathi" (Figs 7-8) and "Nested WAIT >
+vLLM, Sarathi" in throughput and latency (Figs 11-13: synthetic 4-type, clustered 10-type at QPS
+55 and 550), with our numbers and ``ratio_to_fluid``, all algorithms at the same batch-size limit
+B (the paper's rule; WAIT with its section 6.1 practical thresholds of B).
 
 Departures: the batch-time model is ours (roofline Llama-3-8B on an A100; ``d0, d1`` of the fluid
 bound are a least-squares fit of it); the paper's rates (thousands of req/s) overload one GPU, so
-the wait-high run is the companion code's burst-then-drain, where ``ratio_to_fluid`` is far below
-1 and the capacity-aware (non-paper) ratio is reported too.
+the wait-high runs are the companion code's burst-then-drain, where ``ratio_to_fluid`` is far below
+1 and the capacity-aware (non-paper) ratio is reported too. The real-trace runs (Fig. 14) need the
+LMSYS trace and are not run.
 """
 
 from __future__ import annotations
