@@ -66,6 +66,10 @@ def print_summary(summary: dict[str, Any]) -> None:
                      f"{_fmt(summary['fairness']['max_service_diff'])} / {_fmt(summary['fairness']['jain'])}"))
     if "prefix_hit_rate" in summary:
         rows.append(("prefix hit rate (tokens)", summary["prefix_hit_rate"]))
+    for key, label in (("ratio_to_fluid", "throughput / fluid bound"), ("ratio_to_opt", "total latency / optimum"),
+                       ("regret", "regret (total latency - optimum)")):
+        if key in summary:
+            rows.append((label, summary[key]))
     if summary.get("non_terminating"):
         rows.append(("NON-TERMINATING", summary["stop_reason"]))
     rows.append(("wall time (s)", summary["wall_time_s"]))
@@ -127,6 +131,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = simulate(args.scenario, args.policy, args.seed, sets, policy_params,
                       log_batches=bool(args.log_iterations))
     s = result.summary
+    if args.reference:
+        from llmsched_gym.core.scenarios import get_scenario
+        from llmsched_gym.reproduce.report import add_reference_metrics
+
+        add_reference_metrics(s, get_scenario(args.scenario, sets))
+        if not any(k in s for k in ("ratio_to_fluid", "ratio_to_opt")):
+            print("reference: none applies (the fluid bound needs a typed workload; the optimum a small "
+                  "round-mode run that completed every request)", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(s, indent=2, default=float) + "\n")
@@ -162,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--latency", default=None, help="batch-time model (e.g. roofline:llama-3-8b/h100, gpu:MODEL)")
     sp.add_argument("--json", default=None, help="write the summary JSON here")
     sp.add_argument("--log-iterations", default=None, help="write the iteration log CSV here")
+    sp.add_argument("--reference", action="store_true",
+                    help="add ratio_to_fluid (typed workloads) or ratio_to_opt/regret (small round-mode runs)")
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(func=cmd_run)
 

@@ -68,3 +68,14 @@ def test_negative_length_in_workload_is_rejected():
 
     with pytest.raises(WorkloadError, match="output_tokens: must be >= 1"):
         Workload(arrival_s=[0.0], prompt_tokens=[5], output_tokens=[-2])
+
+
+def test_run_reference_adds_ratio_to_fluid_for_typed_workloads(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert main(["run", "--scenario", "nested-synth4", "--policy", "nested-wait", "--set", "workload.n_requests=500",
+                 "--reference", "--json", str(out), "--quiet"]) == 0
+    s = json.loads(out.read_text())
+    assert s["ratio_to_fluid"] == pytest.approx(s["throughput_tokens_per_s"] / s["fluid_throughput_star"])
+    assert 0 < s["ratio_to_fluid"] < 1
+    assert main(["run", "--scenario", "jaillet-low", "--set", "workload.n_requests=50", "--reference", "--quiet"]) == 0
+    assert "reference: none applies" in capsys.readouterr().err
