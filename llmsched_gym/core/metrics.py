@@ -180,8 +180,11 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
             **fairness_report(engine, n_times=50),
         }
     if wl.has_prefix:
-        prompt_arrived = int(wl.prompt_tokens[state != 0].sum())
-        s["prefix_hit_rate"] = float(engine.cached_tokens.sum() / prompt_arrived) if prompt_arrived else 0.0
+        # per cache lookup: every admission (a re-admission after a preemption looks up again) of a
+        # request that started; requests still queued never asked the cache
+        started = np.isfinite(engine.first_scheduled_s)
+        looked_up = int((wl.prompt_tokens[started] * (1 + engine.preemptions[started])).sum())
+        s["prefix_hit_rate"] = float(engine.cached_tokens.sum() / looked_up) if looked_up else 0.0
         s["prefix_hit_tokens"] = int(engine.cached_tokens.sum())
         s["prefix_evicted_blocks"] = int(engine.kv.evicted_blocks)
     return s

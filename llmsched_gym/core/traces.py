@@ -27,6 +27,7 @@ Traces are data the repository does not ship: :func:`find_trace` locates them an
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -339,7 +340,21 @@ def load_trace(fmt: str, path: str | os.PathLike, *, on_zero: str = "error") -> 
         raise TraceError(f"format: unknown value {fmt!r} (allowed: {', '.join(loaders)})")
     if on_zero not in ("error", "clip"):
         raise TraceError(f"on_zero: unknown value {on_zero!r} (allowed: error, clip)")
-    return loaders[fmt](path, on_zero=on_zero)
+    # env resets rebuild the workload every episode: parse a file once (keyed by its stat) and
+    # hand out copies, so callers may still modify what they get
+    try:
+        st = os.stat(path)
+    except OSError:
+        return loaders[fmt](path, on_zero=on_zero)
+    key = (fmt, os.path.realpath(path), st.st_mtime_ns, st.st_size, on_zero)
+    if key not in _PARSED:
+        if len(_PARSED) >= 8:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[key] = loaders[fmt](path, on_zero=on_zero)
+    return copy.deepcopy(_PARSED[key])
+
+
+_PARSED: dict[tuple, Workload] = {}
 
 
 def read_column(path: str | os.PathLike, column: str) -> np.ndarray:
