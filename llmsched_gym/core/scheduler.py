@@ -55,7 +55,8 @@ class BatchPlan:
 
     @classmethod
     def wait(cls) -> BatchPlan:
-        """Idle until the next arrival (only valid when nothing is running)."""
+        """Idle until the next arrival: nothing decodes, requests in the running set stay resident
+        (paused, as WAIT holds them); invalid when no arrival is left."""
         return cls(idle=True)
 
 
