@@ -55,7 +55,7 @@ Departures and readings (digest recommendations unless stated):
   When online decodes alone do not fit, the newest online request is preempted (vLLM's rule).
 
 Engine contact: the policy reads the engine's :class:`~llmsched_gym.core.kv.KVCache` through
-``view._e.kv`` (``EngineView`` has no KV accessor) for exact cache-hit accounting
+``view.kv`` for exact cache-hit accounting
 (``match_detail``), the LRU eviction order (``next_evictions``) and, for ``echo``, to install the
 task-aware order (``set_eviction_priority`` / ``reprioritize``, LRU otherwise unchanged).
 """
@@ -222,7 +222,7 @@ class EchoFamily(Scheduler):
     def _setup(self, view: EngineView) -> None:
         self._ready = True
         wl = view.workload
-        self._kv: KVCache = view._e.kv  # the view exposes no KV object (module docstring)
+        self._kv: KVCache = view.kv
         self._cls = wl.task_class
         self._ttft = wl.ttft_slo_s
         self._tpot = wl.tpot_slo_s

@@ -25,6 +25,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from llmsched_gym.core.engine import Engine, EngineConfig
+    from llmsched_gym.core.kv import KVCache
     from llmsched_gym.core.latency import LatencyModel
     from llmsched_gym.core.request import Workload
 
@@ -85,6 +86,9 @@ class EngineView:
     ``kv_capacity``           capacity in tokens
     ``block_size``            1 in token mode
     ``prefix_match(i)``       cached prompt tokens request ``i`` would reuse now
+    ``kv``                    the engine's :class:`~llmsched_gym.core.kv.KVCache` (block
+                              hashes, LRU order, ``match_detail``); cache-aware policies
+                              read it, and ``set_eviction_priority`` is its one write
     ``next_arrival_s``        time of the next not-yet-arrived request (``inf`` if none)
     ``latency``               the batch-time model (for policies that estimate time)
     ``config``                the :class:`EngineConfig`
@@ -95,6 +99,10 @@ class EngineView:
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
+
+    @property
+    def kv(self) -> KVCache:
+        return self._e.kv
 
     # clock and sets
     @property
