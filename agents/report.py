@@ -256,8 +256,19 @@ def agent_vs_best(agg: dict, agents: Iterable[str], metrics: Iterable[str] = ("e
     return out
 
 
+LINE_PLOT_BASELINES = 8
+
+
+def _line_policies(per: dict, agents: set[str]) -> list[str]:
+    """The agents and the ``LINE_PLOT_BASELINES`` best baselines by mean E2E (complete ones first):
+    more lines than that are unreadable."""
+    base = sorted((p for p in per if p not in agents), key=lambda p: _table_order(per, p, agents))
+    return sorted(agents & set(per)) + base[:LINE_PLOT_BASELINES]
+
+
 def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ()) -> list[Path]:
-    """Latency CDFs, KV usage over time (first seed) and a bar chart per metric, per load level."""
+    """Latency CDFs and KV usage over time (first seed) for the agents and the best baselines, and
+    a bar chart per metric for every policy, per load level."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -269,20 +280,25 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
     for load in sorted(agg):
         recs = [r for r in records if r.load == load]
         pols = sorted({r.policy for r in recs}, key=lambda p: (p not in agents, p))
+        lines = _line_policies(agg[load], agents)
+        shown = "" if len(lines) == len(pols) else f"; agents and the {LINE_PLOT_BASELINES} best baselines"
+        colors = dict(zip(lines, plt.get_cmap("tab10").colors, strict=False))
         tag = f"load{load:g}".replace(".", "p")
 
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
         for ax, attr, title in ((axes[0], "e2e_s", "E2E latency"), (axes[1], "ttft_s", "TTFT")):
-            for p in pols:
+            for p in lines:
                 x = np.sort(np.concatenate([getattr(r, attr) for r in recs if r.policy == p]))
                 if len(x):
-                    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=p, lw=2.2 if p in agents else 1.2)
+                    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=p, color=colors[p],
+                            lw=2.4 if p in agents else 1.2, ls="-" if p in agents else "--")
             ax.set_xscale("symlog", linthresh=0.1)
             ax.set_xlabel("seconds")
             ax.set_ylabel("CDF")
-            ax.set_title(f"{title} (all seeds, load x{load:g})")
+            ax.set_title(f"{title} (all seeds, load x{load:g})", fontsize=10)
             ax.grid(alpha=0.3)
-        axes[1].legend(fontsize=7, loc="lower right")
+        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        fig.suptitle(f"latency CDFs{shown}", fontsize=10)
         fig.tight_layout()
         paths.append(out / f"cdf_{tag}.png")
         fig.savefig(paths[-1], dpi=100)
@@ -290,14 +306,14 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
 
         fig, ax = plt.subplots(figsize=(11, 4))
         first_seed = min(r.seed for r in recs)
-        for p in pols:
+        for p in lines:
             r = next((r for r in recs if r.policy == p and r.seed == first_seed), None)
             if r is not None and len(r.t_s):
-                ax.plot(r.t_s, r.kv_frac, label=p, lw=1.6 if p in agents else 0.8)
+                ax.plot(r.t_s, r.kv_frac, label=p, color=colors[p], lw=1.6 if p in agents else 0.8)
         ax.set_xlabel("time (s)")
         ax.set_ylabel("KV used / capacity")
-        ax.set_title(f"KV usage over time (seed {first_seed}, load x{load:g})")
-        ax.legend(fontsize=7, ncol=2)
+        ax.set_title(f"KV usage over time (seed {first_seed}, load x{load:g}{shown})", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax.grid(alpha=0.3)
         fig.tight_layout()
         paths.append(out / f"kv_{tag}.png")
