@@ -23,16 +23,6 @@ def _hp(items: list[str] | None) -> dict[str, Any]:
     return _parse_sets(items, "--hp")
 
 
-def _expert(text: str | None) -> str | dict[str, Any] | None:
-    """``NAME`` or ``NAME:key=value,key=value`` (a baseline with parameters) for ``--bc-from``."""
-    if text is None or ":" not in text:
-        return text
-    from llmsched_gym.cli import _parse_sets
-
-    name, params = text.split(":", 1)
-    return {"name": name, **_parse_sets([p for p in params.split(",") if p.strip()], "--bc-from")}
-
-
 def _loads(text: str) -> list[float]:
     try:
         loads = [float(x) for x in text.split(",") if x.strip()]
@@ -66,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         scenario=args.scenario, name=args.name, out=args.out, algo=args.algo, timesteps=args.timesteps,
         seed=args.seed, n_envs=args.n_envs, vec=args.vec, overrides=overrides,
         env_kwargs={k: v for k, v in env_kwargs.items() if v is not None},
-        hyperparams=_hp(args.hp), hyperparams_file=args.hyperparams, bc_from=_expert(args.bc_from),
+        hyperparams=_hp(args.hp), hyperparams_file=args.hyperparams, bc_from=args.bc_from,
         bc_episodes=args.bc_episodes, bc_epochs=args.bc_epochs, resume=args.resume,
         checkpoint_every=args.checkpoint_every, score_every=args.score_every, progress=not args.no_progress,
         torch_threads=args.threads, max_minutes=args.max_minutes,
@@ -141,9 +131,10 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--hp", action="append", metavar="KEY=VALUE", help="hyperparameter override (n_steps=256)")
     sp.add_argument("--hyperparams", default=None, help="a YAML file instead of agents/hyperparams/ALGO.yml")
     sp.add_argument("--bc-from", default=None, metavar="POLICY",
-                    help="behaviour-clone this baseline first (NAME or NAME:key=value,...)")
-    sp.add_argument("--bc-episodes", type=int, default=4)
-    sp.add_argument("--bc-epochs", type=int, default=10)
+                    help="behaviour-clone this baseline first (NAME or NAME:key=value,...; 'none' overrides "
+                         "the hyperparameter file's bc entry)")
+    sp.add_argument("--bc-episodes", type=int, default=None, help="demonstration episodes (default 4)")
+    sp.add_argument("--bc-epochs", type=int, default=None, help="cloning epochs (default 10)")
     sp.add_argument("--resume", default=None, help="checkpoint .zip (or run folder) to continue from")
     sp.add_argument("--checkpoint-every", type=int, default=10_000, help="timesteps between checkpoints")
     sp.add_argument("--score-every", type=int, default=1,

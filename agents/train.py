@@ -46,7 +46,9 @@ class TrainConfig:
     :param overrides: scenario ``--set`` overrides over the file's ``env_kwargs.overrides``.
     :param hyperparams: ``--hp key=value`` over the file's entry (``n_steps``, ``learning_rate``...).
     :param bc_from: a baseline (name, or ``{"name": ..., **params}``) whose ``expert_action``
-        demonstrations pre-train the policy.
+        demonstrations pre-train the policy; ``None``: the file's ``bc`` entry; ``"none"``: no cloning.
+    :param bc_episodes: demonstration episodes (default: the file's, else 4).
+    :param bc_epochs: cloning epochs over them (default: the file's, else 10).
     :param resume: a checkpoint (``.zip``) or run folder to continue from.
     :param score_every: rollouts between validation scores against the baselines (0 = never).
     :param max_minutes: stop learning after this much wall time since the start (``None``: no limit).
@@ -65,8 +67,8 @@ class TrainConfig:
     hyperparams: dict[str, Any] = field(default_factory=dict)
     hyperparams_file: str | None = None
     bc_from: str | dict[str, Any] | None = None
-    bc_episodes: int = 4
-    bc_epochs: int = 10
+    bc_episodes: int | None = None
+    bc_epochs: int | None = None
     resume: str | None = None
     checkpoint_every: int = 10_000
     score_every: int = 1
@@ -81,6 +83,21 @@ def _merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
+
+
+def parse_policy_spec(spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """A baseline for cloning: ``NAME``, ``NAME:key=value,key=value`` or ``{"name": ..., **params}``;
+    ``None`` or ``"none"``: no cloning."""
+    if spec is None or isinstance(spec, dict):
+        return spec
+    if spec.strip().lower() == "none":
+        return None
+    if ":" not in spec:
+        return spec
+    from llmsched_gym.cli import _parse_sets
+
+    name, params = spec.split(":", 1)
+    return {"name": name, **_parse_sets([p for p in params.split(",") if p.strip()], "bc.from")}
 
 
 def default_algo(action_mode: str) -> str:
@@ -115,10 +132,19 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
         hp["n_timesteps"] = int(cfg.timesteps)
     if cfg.n_envs is not None:
         hp["n_envs"] = int(cfg.n_envs)
-    unknown = set(hp) - {"n_timesteps", "policy", "n_envs", "normalize", "policy_kwargs", "env_kwargs", "algo", *PPO_KEYS}
+    unknown = set(hp) - {"n_timesteps", "policy", "n_envs", "normalize", "policy_kwargs", "env_kwargs", "algo", "bc",
+                         *PPO_KEYS}
     if unknown:
         raise ValueError(f"hyperparams: unknown key {sorted(unknown)[0]!r}; allowed: n_timesteps, policy, n_envs, "
-                         f"normalize, policy_kwargs, env_kwargs, {', '.join(PPO_KEYS)}")
+                         f"normalize, policy_kwargs, env_kwargs, bc, {', '.join(PPO_KEYS)}")
+    bc = dict(hp.pop("bc", None) or {})
+    bad = set(bc) - {"from", "episodes", "epochs"}
+    if bad:
+        raise ValueError(f"hyperparams: bc.{sorted(bad)[0]}: unknown key; allowed: from, episodes, epochs")
+    source = parse_policy_spec(cfg.bc_from if cfg.bc_from is not None else bc.get("from"))
+    hp["bc"] = {"from": source,
+                "episodes": int(cfg.bc_episodes if cfg.bc_episodes is not None else bc.get("episodes", 4)),
+                "epochs": int(cfg.bc_epochs if cfg.bc_epochs is not None else bc.get("epochs", 10))}
     return hp
 
 
@@ -283,11 +309,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     # 4. imitation warm start
     bc: dict[str, Any] = {}
-    if cfg.bc_from and not cfg.resume:
-        obs, masks, acts, info = collect_demonstrations(cfg.scenario, env_kwargs, cfg.bc_from, cfg.bc_episodes,
+    bc_cfg = hp["bc"]
+    if bc_cfg["from"] and not cfg.resume:
+        obs, masks, acts, info = collect_demonstrations(cfg.scenario, env_kwargs, bc_cfg["from"], bc_cfg["episodes"],
                                                         base + 500)
-        bc = {"policy": cfg.bc_from, **info, **behaviour_clone(model, venv, obs, masks, acts, cfg.bc_epochs,
-                                                                seed=cfg.seed)}
+        bc = {"policy": bc_cfg["from"], **info, **behaviour_clone(model, venv, obs, masks, acts, bc_cfg["epochs"],
+                                                                   seed=cfg.seed)}
 
     # settings and seeds first, so that checkpoints of an interrupted run can be evaluated
     meta: dict[str, Any] = {

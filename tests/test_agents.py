@@ -172,11 +172,16 @@ def test_resume_continues_from_a_checkpoint(tiny_run):
 
 
 def test_bc_from_takes_a_baseline_with_parameters():
-    from agents.cli import _expert
+    from agents.train import parse_policy_spec
 
-    assert _expert("mcsf") == "mcsf"
-    assert _expert("sjf:max_num_seqs=96,oracle=true") == {"name": "sjf", "max_num_seqs": 96, "oracle": True}
-    env = make_env("jaillet-high", {"order": "shortest", "expert": _expert("sjf:max_num_seqs=2"),
+    assert parse_policy_spec("mcsf") == "mcsf"
+    assert parse_policy_spec("None") is None
+    assert parse_policy_spec("sjf:max_num_seqs=96,oracle=true") == {"name": "sjf", "max_num_seqs": 96, "oracle": True}
+    assert resolve(TrainConfig(scenario="jaillet-high"))["bc"] == {
+        "from": {"name": "sjf", "max_num_seqs": 96}, "episodes": 8, "epochs": 60}  # the file's entry
+    assert resolve(TrainConfig(scenario="jaillet-high", bc_from="none", bc_epochs=3))["bc"] == {
+        "from": None, "episodes": 8, "epochs": 3}
+    env = make_env("jaillet-high", {"order": "shortest", "expert": parse_policy_spec("sjf:max_num_seqs=2"),
                                     "overrides": {"workload.n_requests": 30}})
     env.reset(seed=0)
     base = env.unwrapped
