@@ -100,6 +100,19 @@ def parse_policy_spec(spec: str | dict[str, Any] | None) -> str | dict[str, Any]
     return {"name": name, **_parse_sets([p for p in params.split(",") if p.strip()], "bc.from")}
 
 
+def _number(key: str, value: Any, integer: bool) -> float | int:
+    """A hyperparameter as a number (YAML 1.1 reads ``1e-4`` as a string), or a one-line error."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"hyperparams: {key}: expected a number, got {value!r}") from None
+    if integer:
+        if x != int(x) or x < 1:
+            raise ValueError(f"hyperparams: {key}: expected a positive integer, got {value!r}")
+        return int(x)
+    return x
+
+
 def default_algo(action_mode: str) -> str:
     return "ppo" if action_mode in ("priority", "knob") else "maskable-ppo"
 
@@ -137,6 +150,9 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"hyperparams: unknown key {sorted(unknown)[0]!r}; allowed: n_timesteps, policy, n_envs, "
                          f"normalize, policy_kwargs, env_kwargs, bc, {', '.join(PPO_KEYS)}")
+    for key in PPO_KEYS + ("n_timesteps", "n_envs"):
+        if key in hp:
+            hp[key] = _number(key, hp[key], integer=key in ("n_steps", "batch_size", "n_epochs", "n_timesteps", "n_envs"))
     bc = dict(hp.pop("bc", None) or {})
     bad = set(bc) - {"from", "episodes", "epochs"}
     if bad:

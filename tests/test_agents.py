@@ -194,6 +194,18 @@ def test_bc_from_takes_a_baseline_with_parameters():
     assert most == 2 and info["summary"]["n_completed"] == 30
 
 
+def test_hyperparameters_read_exponent_floats_and_reject_non_numbers():
+    from llmsched_gym.core.scenarios import parse_value
+
+    assert parse_value("1e-4") == pytest.approx(1e-4) and parse_value("fcfs") == "fcfs"
+    hp = resolve(TrainConfig(scenario="jaillet-high", hyperparams={"learning_rate": "3e-5", "n_steps": "256"}))
+    assert hp["learning_rate"] == pytest.approx(3e-5) and hp["n_steps"] == 256
+    with pytest.raises(ValueError, match="hyperparams: learning_rate: expected a number, got 'fast'"):
+        resolve(TrainConfig(scenario="jaillet-high", hyperparams={"learning_rate": "fast"}))
+    with pytest.raises(ValueError, match="hyperparams: n_steps: expected a positive integer"):
+        resolve(TrainConfig(scenario="jaillet-high", hyperparams={"n_steps": 2.5}))
+
+
 def test_wall_clock_limit_stops_learning_and_still_saves(tiny_run, tmp_path):
     _, _, cfg = tiny_run
     cfg2 = TrainConfig(**{**cfg.__dict__, "name": "tiny-limited", "out": str(tmp_path), "timesteps": 10**6,

@@ -161,11 +161,18 @@ def list_scenarios() -> dict[str, str]:
 
 
 def parse_value(text: str) -> Any:
-    """Parse a ``--set`` value as a YAML scalar (numbers, booleans, null, lists)."""
+    """Parse a ``--set`` value as a YAML scalar (numbers, booleans, null, lists). Numbers YAML 1.1
+    leaves as strings (``1e-4``, which it only reads as a float when written ``1.0e-4``) become floats."""
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    if isinstance(value, str):
+        try:
+            return float(value) if value.strip().lower() not in ("inf", "-inf", "nan", "infinity") else value
+        except ValueError:
+            return value
+    return value
 
 
 def apply_overrides(spec: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
