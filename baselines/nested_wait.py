@@ -60,7 +60,7 @@ from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.fluid import nested_mpi, nested_wait_thresholds, theta_root
 
 from .base import PolicyError, configure, register
-from .wait import admit_fitting, linear_coefficients
+from .wait import admit_fitting, check_threshold_rule, linear_coefficients
 
 
 def segment_boundaries(lengths: list[int], segments: int) -> list[int]:
@@ -95,14 +95,7 @@ class NestedWAIT(Scheduler):
 
     def __init__(self, **kwargs) -> None:
         configure(self, kwargs)
-        if self.thresholds:
-            self.rule = "explicit"
-        if self.rule not in self.RULES:
-            raise PolicyError(f"policy.rule: {self.rule!r} is not one of {', '.join(self.RULES)}")
-        if self.thresholds and min(int(x) for x in self.thresholds) < 1:
-            raise PolicyError(f"policy.thresholds: every threshold must be an integer >= 1, got {self.thresholds!r}")
-        if self.rule == "explicit" and not self.thresholds:
-            raise PolicyError("policy.thresholds: the explicit rule needs one threshold per segment")
+        check_threshold_rule(self, "one threshold per segment")
         b = [int(x) for x in self.boundaries]
         if b and (b[0] < 1 or any(y <= x for x, y in zip(b, b[1:], strict=False))):
             raise PolicyError(f"policy.boundaries: must be increasing integers >= 1, got {self.boundaries!r}")

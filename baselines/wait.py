@@ -64,6 +64,19 @@ from .vllm import chunk_blocks, decode_blocks, held_blocks
 PAPER_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "restart"}
 
 
+
+def check_threshold_rule(policy: Scheduler, explicit_needs: str) -> None:
+    """Shared by WAIT and Nested WAIT: explicit ``thresholds`` select the explicit rule; the rule
+    must be one of ``policy.RULES`` and every threshold an integer >= 1."""
+    if policy.thresholds:
+        policy.rule = "explicit"
+    if policy.rule not in policy.RULES:
+        raise PolicyError(f"policy.rule: {policy.rule!r} is not one of {', '.join(policy.RULES)}")
+    if policy.thresholds and min(int(x) for x in policy.thresholds) < 1:
+        raise PolicyError(f"policy.thresholds: every threshold must be an integer >= 1, got {policy.thresholds!r}")
+    if policy.rule == "explicit" and not policy.thresholds:
+        raise PolicyError(f"policy.thresholds: the explicit rule needs {explicit_needs}")
+
 @register("fcfs-greedy-lifo")
 class FCFSGreedyLIFO(Scheduler):
     """Seed 003's FCFS: process everything at once, evict the newest running prompts on overflow."""
@@ -153,12 +166,7 @@ class WAIT(Scheduler):
 
     def __init__(self, **kwargs) -> None:
         configure(self, kwargs)
-        if self.thresholds:
-            self.rule = "explicit"
-        if self.rule not in self.RULES:
-            raise PolicyError(f"policy.rule: {self.rule!r} is not one of {', '.join(self.RULES)}")
-        if self.rule == "explicit" and (not self.thresholds or min(int(x) for x in self.thresholds) < 1):
-            raise PolicyError(f"policy.thresholds: need one integer >= 1 per type id, got {self.thresholds!r}")
+        check_threshold_rule(self, "one threshold per type id")
         if self.c < 0:
             raise PolicyError(f"policy.c: must be >= 0 seconds (0 = automatic), got {self.c}")
         if self.batch_size < 1:
