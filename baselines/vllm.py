@@ -40,43 +40,12 @@ Departures:
 
 from __future__ import annotations
 
+from llmsched_gym.core.batching import BatchBuilder, chunk_blocks, decode_blocks, preempt_newest
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
 from .base import PolicyError, configure, register
 
 VLLM_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute", "prefix_cap_prompt_minus_one": True}
-
-
-def decode_blocks(view: EngineView, rid: int) -> int:
-    """Blocks a decode step of ``rid`` allocates (1 when its last block is full)."""
-    return 1 if int(view.kv_tokens[rid]) % view.block_size == 0 else 0
-
-
-def chunk_blocks(view: EngineView, rid: int, start: int, chunk: int) -> int:
-    """Blocks added when ``rid`` prefills ``chunk`` tokens on top of ``start`` computed ones."""
-    last = start + chunk >= int(view.prefill_target[rid])
-    end = start + chunk + (1 if last and view.prefill_emits_token else 0)
-    bs = view.block_size
-    return -(-end // bs) - -(-start // bs)
-
-
-def held_blocks(view: EngineView, rid: int) -> int:
-    return view.blocks_for(int(view.kv_tokens[rid]))
-
-
-def preempt_newest(view: EngineView, running: list[int], n: int, rid: int, need: int, free: int,
-                   preempt: list[int], reserved: dict[int, int] | None = None) -> tuple[int, int]:
-    """vLLM's rule: while ``need`` blocks are missing for ``rid``, preempt the newest of
-    ``running[:n]`` (``rid`` itself last). Returns the new ``n`` and free blocks; ``rid`` was
-    preempted when it ends ``preempt``. ``reserved`` blocks of a victim are released too."""
-    while need > free:
-        n -= 1
-        victim = running[n]
-        preempt.append(victim)
-        if victim == rid:
-            break
-        free += held_blocks(view, victim) + (reserved.pop(victim, 0) if reserved else 0)
-    return n, free
 
 
 def check_positive(obj: Scheduler, *names: str, allow_zero: tuple[str, ...] = ()) -> None:
@@ -107,54 +76,41 @@ class VLLMV1(Scheduler):
         check_watermark(self)
 
     def schedule(self, view: EngineView) -> BatchPlan:
-        bs = view.block_size
-        free = view.kv_free // bs
-        budget = self.max_num_batched_tokens
+        b = BatchBuilder(view, self.max_num_batched_tokens, reserve=False, max_num_seqs=self.max_num_seqs,
+                         watermark=self.watermark)
         thr = self.long_prefill_token_threshold
         prefilled, target = view.prefilled, view.prefill_target
-        running = view.running
-        n = len(running)
-        prefill: dict[int, int] = {}
-        preempt: list[int] = []
+        running = b.running
+        n, free, budget = b.n, b.free, b.budget
+        # running requests in admission order: a decode or the next chunk of an unfinished prefill
+        # (with a threshold several prefills can be unfinished, interleaved with decodes)
         i = 0
         while i < n and budget > 0:
             rid = running[i]
-            done = int(prefilled[rid])
-            left = int(target[rid]) - done
+            left = int(target[rid] - prefilled[rid])
             if left > 0:
                 c = min(left, thr, budget) if thr else min(left, budget)
                 need = chunk_blocks(view, rid, int(view.kv_tokens[rid]), c)
             else:
                 c = 1
                 need = decode_blocks(view, rid)
-            n, free = preempt_newest(view, running, n, rid, need, free, preempt)
-            if preempt and preempt[-1] == rid:
+            n, free = preempt_newest(view, running, n, rid, need, free, b.preempt)
+            if b.preempt and b.preempt[-1] == rid:
                 break
             free -= need
             budget -= c
             if left > 0:
-                prefill[rid] = c
+                b.prefill[rid] = c
             i += 1
         # requests the scan did not reach (budget spent) skip this step with their KV kept
-        pause = {r for r in running[i:n] if prefilled[r] >= target[r]}
-        if not preempt:
-            watermark = int(self.watermark * (view.kv_capacity // bs))
-            seqs = n
+        b.pause = {r for r in running[i:n] if prefilled[r] >= target[r]}
+        b.n = b.seqs = n
+        b.free, b.budget = free, budget
+        if not b.preempt:
             for rid in view.waiting:
-                if budget <= 0 or seqs >= self.max_num_seqs:
+                if not b.admit(rid, chunk_cap=thr):
                     break
-                hit = view.prefix_match(rid)
-                left = int(target[rid]) - hit
-                c = min(left, thr, budget) if thr else min(left, budget)
-                need = chunk_blocks(view, rid, hit, c) + hit // bs
-                if free - need < watermark:
-                    break
-                free -= need
-                budget -= c
-                prefill[rid] = c
-                seqs += 1
-        hold = not prefill and not preempt and not pause
-        return BatchPlan(prefill=prefill, preempt=preempt, pause=pause, hold=hold)
+        return b.plan()
 
 
 @register("vllm-v0")

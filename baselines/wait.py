@@ -54,12 +54,12 @@ import math
 
 import numpy as np
 
+from llmsched_gym.core.batching import chunk_blocks, decode_blocks, held_blocks
 from llmsched_gym.core.latency import LatencyModel, LinearKVLatency
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.fluid import stage_memory, wait_thresholds_fluid, wait_thresholds_practical
 
 from .base import PolicyError, configure, register
-from .vllm import chunk_blocks, decode_blocks, held_blocks
 
 PAPER_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "restart"}
 

@@ -1,0 +1,184 @@
+"""How an iteration's batch is formed on a vLLM-style engine: one module for the engine policies
+(``baselines/sarathi.py``, ``baselines/vllm.py``) and for the Gymnasium env's action modes.
+
+A batch is built in three phases, the way Sarathi-Serve (Agrawal et al., 2024, section 4) and
+vLLM's v1 scheduler form it:
+
+1. **decodes first**: every running request whose prefill is complete decodes one token, in
+   admission order, each costing one token of the iteration's budget; those the budget does not
+   reach are paused (they keep their KV and skip the iteration);
+2. **unfinished prefills continue**: running requests with a partly computed prompt get their
+   next chunk, ``min(remaining prompt, budget left)``;
+3. **admissions**: waiting requests join, each with a chunk of what the budget leaves,
+   ``min(prompt - cached prefix, budget left)``; ``max_num_seqs`` caps the running set and the
+   block watermark keeps a margin of free blocks.
+
+An unlimited budget (``None``) is whole-prompt prefill: decodes are never paused and every
+admitted request prefills its whole prompt in the iteration it is admitted.
+
+Memory is counted in blocks as the engine counts it: a decode needs a new block only when its
+last block is full, and the final prefill chunk also stores output token 1 when prefill emits
+it. With ``reserve=True`` (Sarathi as Vidur implements it) the blocks still owed to unfinished
+prefills stay reserved and an admission must fit its whole prompt; with ``reserve=False`` (vLLM
+v1) only the chunk of this iteration is checked.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llmsched_gym.core.scheduler import BatchPlan, EngineView
+
+UNLIMITED = math.inf
+
+
+def decode_blocks(view: EngineView, rid: int) -> int:
+    """Blocks a decode step of ``rid`` allocates (1 when its last block is full)."""
+    return 1 if int(view.kv_tokens[rid]) % view.block_size == 0 else 0
+
+
+def chunk_blocks(view: EngineView, rid: int, start: int, chunk: int) -> int:
+    """Blocks added when ``rid`` prefills ``chunk`` tokens on top of ``start`` computed ones."""
+    last = start + chunk >= int(view.prefill_target[rid])
+    end = start + chunk + (1 if last and view.prefill_emits_token else 0)
+    bs = view.block_size
+    return -(-end // bs) - -(-start // bs)
+
+
+def held_blocks(view: EngineView, rid: int) -> int:
+    """Blocks ``rid`` holds now."""
+    return view.blocks_for(int(view.kv_tokens[rid]))
+
+
+def preempt_newest(view: EngineView, running: list[int], n: int, rid: int, need: int, free: int,
+                   preempt: list[int], reserved: dict[int, int] | None = None) -> tuple[int, int]:
+    """vLLM's rule: while ``need`` blocks are missing for ``rid``, preempt the newest of
+    ``running[:n]`` (``rid`` itself last). Returns the new ``n`` and free blocks; ``rid`` was
+    preempted when it ends ``preempt``. ``reserved`` blocks of a victim are released too."""
+    while need > free:
+        n -= 1
+        victim = running[n]
+        preempt.append(victim)
+        if victim == rid:
+            break
+        free += held_blocks(view, victim) + (reserved.pop(victim, 0) if reserved else 0)
+    return n, free
+
+
+class BatchBuilder:
+    """One iteration's batch, formed phase by phase (see the module docstring).
+
+    :param view: the engine view at this boundary.
+    :param budget: the iteration's token budget (decodes count 1 each); ``None`` or ``inf`` for
+        unlimited (whole-prompt prefill).
+    :param reserve: keep the blocks still owed to unfinished prefills reserved and check whole
+        prompts at admission (Sarathi/Vidur); otherwise check only this iteration's chunk (vLLM v1).
+    :param max_num_seqs: cap on running requests (``None``: no cap).
+    :param watermark: fraction of the KV blocks an admission must leave free.
+    :param preempted: running requests already chosen for preemption (their blocks count as free).
+
+    ``free`` is the number of free blocks the batch has left; it goes negative when the caller
+    admits without checking (the engine's overflow handler then decides).
+    """
+
+    __slots__ = ("view", "budget", "reserve", "max_num_seqs", "watermark_blocks", "running", "n",
+                 "reserved", "free", "prefill", "preempt", "pause", "seqs", "_gone")
+
+    def __init__(self, view: EngineView, budget: float | None = None, reserve: bool = True,
+                 max_num_seqs: int | None = None, watermark: float = 0.0,
+                 preempted: list[int] | tuple[int, ...] = ()) -> None:
+        self.view = view
+        self.budget = UNLIMITED if budget is None else budget
+        self.reserve = reserve
+        self.max_num_seqs = max_num_seqs
+        bs = view.block_size
+        self.watermark_blocks = int(watermark * (view.kv_capacity // bs))
+        self._gone = set(preempted)
+        running = [r for r in view.running if r not in self._gone] if preempted else view.running
+        self.running = running
+        self.n = len(running)
+        prefilled, target, kvt = view.prefilled, view.prefill_target, view.kv_tokens
+        self.reserved: dict[int, int] = {}
+        if reserve:
+            for r in running:
+                if prefilled[r] < target[r]:
+                    self.reserved[r] = chunk_blocks(view, r, int(kvt[r]), int(target[r] - prefilled[r]))
+        free = view.kv_free // bs - sum(self.reserved.values())
+        for r in preempted:
+            free += held_blocks(view, r)
+        self.free = free
+        self.prefill: dict[int, int] = {}
+        self.preempt: list[int] = list(preempted)
+        self.pause: set[int] = set()
+        self.seqs = self.n
+
+    # ------------------------------------------------------------------------------------------
+    def decode_first(self, preempt: bool = True) -> None:
+        """Phase 1: decodes in admission order while the budget lasts; the rest are paused.
+
+        With ``preempt`` a decode that lacks a block preempts the newest running request (vLLM's
+        rule, the request itself last), as Sarathi does; without it the blocks are only counted."""
+        view, running = self.view, self.running
+        prefilled, target = view.prefilled, view.prefill_target
+        n, free, budget = self.n, self.free, self.budget
+        mid = self.reserved if self.reserve else None
+        i = 0
+        while i < n and budget > 0:
+            rid = running[i]
+            if (rid in mid) if mid is not None else prefilled[rid] < target[rid]:
+                i += 1
+                continue
+            need = decode_blocks(view, rid)
+            if preempt and need > free:
+                n, free = preempt_newest(view, running, n, rid, need, free, self.preempt, self.reserved)
+                if self.preempt[-1] == rid:
+                    break
+            free -= need
+            budget -= 1
+            i += 1
+        self.pause = {r for r in running[i:n] if prefilled[r] >= target[r]}
+        self.n, self.free, self.budget, self.seqs = n, free, budget, n
+
+    def continue_prefills(self) -> None:
+        """Phase 2: unfinished prefills get their next chunk, in admission order."""
+        view = self.view
+        prefilled, target, kvt = view.prefilled, view.prefill_target, view.kv_tokens
+        for rid in self.running[: self.n]:
+            if self.budget <= 0:
+                break
+            left = int(target[rid] - prefilled[rid])
+            if left > 0:
+                c = left if left <= self.budget else int(self.budget)
+                self.prefill[rid] = c
+                self.budget -= c
+                if not self.reserve:
+                    self.free -= chunk_blocks(view, rid, int(kvt[rid]), c)
+
+    def admit(self, rid: int, check: bool = True, chunk_cap: int = 0) -> bool:
+        """Phase 3: admit waiting request ``rid`` with a chunk of what the budget leaves.
+
+        Returns False (and admits nothing) when the budget is spent, ``max_num_seqs`` is reached,
+        or, with ``check``, the blocks it needs would cut into the watermark. ``chunk_cap`` > 0
+        caps the chunk (vLLM's ``long_prefill_token_threshold``)."""
+        if self.budget <= 0 or (self.max_num_seqs is not None and self.seqs >= self.max_num_seqs):
+            return False
+        view = self.view
+        bs = view.block_size
+        hit = view.prefix_match(rid)
+        left = int(view.prefill_target[rid]) - hit
+        c = left if left <= self.budget else int(self.budget)
+        if chunk_cap and c > chunk_cap:
+            c = chunk_cap
+        need = chunk_blocks(view, rid, hit, left if self.reserve else c) + hit // bs
+        if check and self.free - need < self.watermark_blocks:
+            return False
+        self.free -= need
+        self.prefill[rid] = BatchPlan.FULL if self.budget == UNLIMITED else c
+        self.budget -= c
+        self.seqs += 1
+        return True
+
+    def plan(self) -> BatchPlan:
+        """The batch as a :class:`BatchPlan` (``hold`` when it is decode-only)."""
+        hold = not self.prefill and not self.preempt and not self.pause and not self.reserved
+        return BatchPlan(prefill=self.prefill, preempt=self.preempt, pause=self.pause, hold=hold)
