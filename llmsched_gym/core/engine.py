@@ -201,6 +201,8 @@ class Engine:
         self.reject_reason: dict[int, str] = {}
         # running counters
         self.n_in_prefill = 0
+        self.waiting_tokens = 0  # prompt tokens the waiting requests still have to prefill
+        self._prompt_cum = np.concatenate(([0], np.cumsum(workload.prompt_tokens))).tolist()
         self._iter_cached = 0
         self._dec_cache: np.ndarray | None = None
         self.n_completed = 0
@@ -293,6 +295,7 @@ class Engine:
                 if sched.on_arrival(i, view):
                     self.state[i] = WAITING
                     self.waiting.append(i)
+                    self.waiting_tokens += int(self._prompt[i])
                 else:
                     self.state[i] = REJECTED
                     self.n_rejected += 1
@@ -300,6 +303,7 @@ class Engine:
         else:
             self.state[self.next_idx:j] = WAITING
             self.waiting.extend(range(self.next_idx, j))
+            self.waiting_tokens += self._prompt_cum[j] - self._prompt_cum[self.next_idx]
             self.next_idx = j
 
     def _should_stop(self) -> bool:
@@ -511,6 +515,7 @@ class Engine:
         for rid in ids:
             self.state[rid] = RUNNING
             self.running.append(rid)
+            self.waiting_tokens -= int(self.prefill_target[rid] - self.prefilled[rid])
             if math.isnan(self.first_scheduled_s[rid]):
                 self.first_scheduled_s[rid] = now
             if self.swapped[rid]:
@@ -572,6 +577,7 @@ class Engine:
             self.prefilled[rid] = 0
             self.kv_tokens[rid] = 0
         self.state[rid] = WAITING
+        self.waiting_tokens += int(self.prefill_target[rid] - self.prefilled[rid])
         if requeue:
             self.waiting.insert(0, rid)
         if self._hook_preempt:

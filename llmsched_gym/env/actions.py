@@ -1,7 +1,8 @@
 """Action modes of ``LLMSched-v0``: spaces, validation of the agent's actions, knob mapping.
 
-The env turns every mode's action into the list of waiting requests admitted into the next batch;
-this module holds what does not need the engine state.
+The env turns every mode's action into the batch of the next iteration; this module holds what
+does not need the engine state: the spaces, the ``select`` layout (slots, launch-with-budget,
+preempt), validation messages and the knob maps of ``knob`` and ``tune``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,72 @@ import math
 import numpy as np
 from gymnasium import spaces
 
-ACTION_MODES = ("select", "subset", "priority", "knob")
-INVALID_ACTION = ("raise", "noop")
+ACTION_MODES = ("select", "subset", "priority", "knob", "tune", "meta")
+INVALID_ACTION = ("noop", "raise")
+
+DEFAULT_BUDGETS: tuple[int | None, ...] = (None, 8192, 4096, 2048, 1024, 512, 256, 128)
+"""Token budgets a ``select`` launch can choose (``None``: unlimited, whole-prompt prefill):
+vLLM v1's default 8192 and the Sarathi-Serve chunk sizes."""
+
+PREEMPT_RULES = ("newest", "longest")
+"""The two victims a ``select`` preempt action can name: the newest running request (vLLM's
+rule) or the one with the longest predicted remaining output (SRPT's, ties: the newest id)."""
+
+DEFAULT_TUNE = {"chunk_size": (32, 8192), "max_num_seqs": (16, 1024)}
+"""``tune`` mode's default knobs of the default base policy (``sarathi``): log-uniform ranges
+whose geometric middle (action 0) is the policy's default (512 and 128)."""
+
+
+def check_budgets(budgets) -> tuple[int | None, ...]:
+    """Validate the ``budgets`` argument: a non-empty sequence of distinct integers >= 1 or None."""
+    try:
+        out = tuple(None if b is None else b for b in budgets)
+    except TypeError:
+        raise ValueError(f"budgets: expected a list of token budgets (integers >= 1, or None), got {budgets!r}") from None
+    if not out:
+        raise ValueError("budgets: must name at least one token budget (integers >= 1, or None for unlimited)")
+    for b in out:
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int | np.integer) or b < 1):
+            raise ValueError(f"budgets: {b!r} is not an integer >= 1 or None (unlimited)")
+    if len(set(out)) != len(out):
+        raise ValueError(f"budgets: {list(out)} has duplicates")
+    return tuple(None if b is None else int(b) for b in out)
+
+
+def check_tune(knobs: dict, params: dict) -> dict[str, tuple[float, float]]:
+    """Validate ``tune`` knobs against the base policy's ``params``: ``{name: (low, high)}``,
+    ``0 < low < high`` (log-uniform)."""
+    if not isinstance(knobs, dict) or not knobs:
+        raise ValueError(f"tune: expected a dict {{parameter: [low, high]}}, got {knobs!r}")
+    out = {}
+    for name, rng in knobs.items():
+        if name not in params:
+            raise ValueError(f"tune.{name}: not a parameter of the base policy; allowed: {', '.join(sorted(params)) or 'none'}")
+        if not isinstance(params[name], int | float) or isinstance(params[name], bool):
+            raise ValueError(f"tune.{name}: only numeric parameters can be tuned (default {params[name]!r})")
+        try:
+            lo, hi = (float(x) for x in rng)
+        except (TypeError, ValueError):
+            raise ValueError(f"tune.{name}: expected [low, high], got {rng!r}") from None
+        if not 0 < lo < hi or not math.isfinite(hi):
+            raise ValueError(f"tune.{name}: need 0 < low < high, got [{lo}, {hi}]")
+        out[name] = (lo, hi)
+    return out
+
+
+def tune_values(action: np.ndarray, knobs: dict[str, tuple[float, float]], params: dict) -> dict:
+    """Parameter values of a ``tune`` action in [-1, 1]^n: log-uniform, rounded for integer parameters."""
+    vals = {}
+    for a, (name, (lo, hi)) in zip(action, knobs.items(), strict=True):
+        u = (float(a) + 1.0) / 2.0
+        v = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+        vals[name] = max(1, int(round(v))) if isinstance(params[name], int) else v
+    return vals
+
+
+def select_size(k: int, n_budgets: int) -> int:
+    """``select`` actions: K slots, one launch per budget, two preempt rules."""
+    return k + n_budgets + len(PREEMPT_RULES)
 
 KNOBS = (
     ("alpha", "alpha-protection margin: admit while KV used + prompt <= (1 - alpha) M; alpha in [0, 0.5]"),
@@ -26,13 +91,17 @@ class InvalidActionError(ValueError):
     """An action outside the space or on a masked slot (the message names the action and the mask)."""
 
 
-def action_space(mode: str, k: int) -> spaces.Space:
+def action_space(mode: str, k: int, n_budgets: int = 1, n_candidates: int = 1, n_knobs: int = len(KNOBS)) -> spaces.Space:
     if mode == "select":
-        return spaces.Discrete(k + 1)
+        return spaces.Discrete(select_size(k, n_budgets))
     if mode == "subset":
         return spaces.MultiBinary(k)
     if mode == "priority":
         return spaces.Box(-1.0, 1.0, (k,), dtype=np.float32)
+    if mode == "meta":
+        return spaces.Discrete(n_candidates)
+    if mode == "tune":
+        return spaces.Box(-1.0, 1.0, (n_knobs,), dtype=np.float32)
     return spaces.Box(-1.0, 1.0, (len(KNOBS),), dtype=np.float32)
 
 
@@ -48,10 +117,13 @@ def _mask_text(mask: np.ndarray) -> str:
     return "[" + " ".join("1" if m else "0" for m in mask) + "]"
 
 
-def select_error(action, mask: np.ndarray) -> str:
-    """Why ``action`` is not a valid ``select`` action given ``mask`` (K + 1 entries)."""
-    k = len(mask) - 1
-    where = f"(select mode: slots 0..{k - 1}, launch = {k}); mask = {_mask_text(mask)}"
+def select_error(action, mask: np.ndarray, k: int) -> str:
+    """Why ``action`` is not a valid ``select`` action given ``mask`` (``select_size`` entries)."""
+    n = len(mask) - 1
+    b = n + 1 - k - len(PREEMPT_RULES)
+    where = (f"(select mode: slots 0..{k - 1}, launch with budget j = {k}..{k + b - 1}, "
+             f"preempt newest = {k + b}, preempt longest = {k + b + 1}); mask = {_mask_text(mask)}")
+    k = n
     is_int = isinstance(action, int | np.integer) and not isinstance(action, bool | np.bool_)
     if not is_int:
         return f"action {action!r} is not a scalar integer in [0, {k}] {where}"
@@ -77,6 +149,17 @@ def check_subset(action, ok: np.ndarray, k: int) -> np.ndarray | str:
         return (f"action {a.astype(int).tolist()} chooses masked slots {masked.tolist()} (subset mode): "
                 f"slot mask = {_mask_text(full)}")
     return chosen
+
+
+def discrete_error(action, n: int, mode: str) -> str | None:
+    """Why ``action`` is not an integer in [0, n) (``meta`` mode), or None."""
+    if isinstance(action, np.ndarray) and action.ndim == 0:
+        action = action.item()
+    if not isinstance(action, int | np.integer) or isinstance(action, bool | np.bool_):
+        return f"action {action!r} is not a scalar integer in [0, {n - 1}] ({mode} mode: Discrete({n}))"
+    if not 0 <= int(action) < n:
+        return f"action {int(action)} is out of range [0, {n - 1}] ({mode} mode: Discrete({n}))"
+    return None
 
 
 def check_box(action, k: int, mode: str) -> np.ndarray | str:

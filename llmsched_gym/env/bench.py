@@ -97,7 +97,7 @@ def _check_step(env: LLMSchedEnv, obs, info: dict, n: int) -> None:
         assert part.dtype == np.float32 and np.all(np.isfinite(part)), "observation not finite"
     assert obs in env.observation_space, "observation outside its space"
     mask = info["action_mask"]
-    assert mask.dtype == np.int8 and (env.mode != "select" or mask[-1] == 1)
+    assert mask.dtype == np.int8 and (env.mode != "select" or mask[env.K] == 1)
     counts = np.bincount(env.engine.state, minlength=5)
     assert counts.sum() == n and len(env.engine.waiting) == counts[1] and len(env.engine.running) == counts[2]
 

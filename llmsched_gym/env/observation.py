@@ -9,6 +9,7 @@ time unit (the batch time of a one-token decode, or of a one-token prefill when 
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -34,6 +35,7 @@ QUEUE_FEATURES: tuple[tuple[str, float, float, str], ...] = (
     ("fits_now", 0.0, 1.0, "1 if it passes the 'current' admission rule given the batch so far"),
     ("fits_future", 0.0, 1.0, "1 if it passes the 'future' (MC-SF Eq. (1)) rule given the batch so far "
      "(chosen requests counted at their peak unless admission='future')"),
+    ("prefilled", 0.0, 1.0, "fraction of the prompt whose KV is already computed (a swapped-out request keeps it)"),
 )
 
 RUNNING_FEATURES: tuple[tuple[str, float, float, str], ...] = (
@@ -46,6 +48,9 @@ RUNNING_FEATURES: tuple[tuple[str, float, float, str], ...] = (
     ),
     ("future_peak", 0.0, 2.0, "predicted future KV peak of the running requests alone (Eq. (1)) / capacity"),
     ("selected", 0.0, 1.0, "requests chosen for this batch so far (select mode), log1p(n) / log1p(M)"),
+    ("prefilling", 0.0, 1.0, "running requests with an unfinished (chunked) prefill, log1p(n) / log1p(M)"),
+    ("prefill_owed", 0.0, 2.0, "prompt tokens those still have to prefill, log-scaled"),
+    ("preempting", 0.0, 1.0, "running requests chosen for preemption in the batch being formed, log1p(n) / log1p(M)"),
 )
 
 GLOBAL_FEATURES: tuple[tuple[str, float, float, str], ...] = (
@@ -55,7 +60,15 @@ GLOBAL_FEATURES: tuple[tuple[str, float, float, str], ...] = (
     ("since_batch", 0.0, 1.0, "time since the last batch that admitted a request, log-scaled"),
     ("last_iteration", 0.0, 1.0, "duration of the last iteration, log-scaled"),
     ("arrived", 0.0, 1.0, "fraction of the episode's requests that have arrived"),
+    ("last_prefill_tokens", 0.0, 2.0, "prompt tokens the last iteration prefilled, log-scaled"),
+    ("last_decode_tokens", 0.0, 2.0, "requests the last iteration decoded, log-scaled"),
+    ("budget", 0.0, 2.0, "token budget of the last batch, log-scaled; 2 when unlimited"),
+    ("backlog", 0.0, 2.0, "prompt tokens the waiting requests still have to prefill, log-scaled (> 1: more than the cache)"),
+    ("stall", 0.0, 1.0, "time since the running request that waited longest last got a token or a chunk, log-scaled"),
 )
+
+BUDGET_FEATURE = ("batch_time", 0.0, 1.0, "predicted duration of the next batch if it launches with this budget, "
+                  "log-scaled (select mode; one per launch action)")
 
 RATE_WINDOW = 100.0
 """Window of the arrival-rate feature, in time units."""
@@ -67,9 +80,12 @@ def _box(table, n: int = 1) -> spaces.Box:
     return spaces.Box(low, high, dtype=np.float32)
 
 
-def observation_space(k: int, flat: bool) -> spaces.Space:
-    """``Dict(queue=Box(K*F), running=Box(R), globals=Box(G))``, or their concatenation when ``flat``."""
+def observation_space(k: int, flat: bool, n_budgets: int = 0) -> spaces.Space:
+    """``Dict(queue=Box(K*F), running=Box(R), globals=Box(G)[, budgets=Box(B)])``, or their
+    concatenation when ``flat``; ``budgets`` only in ``select`` mode (``n_budgets`` > 0)."""
     parts = {"queue": _box(QUEUE_FEATURES, k), "running": _box(RUNNING_FEATURES), "globals": _box(GLOBAL_FEATURES)}
+    if n_budgets:
+        parts["budgets"] = _box((BUDGET_FEATURE,), n_budgets)
     if flat:
         low = np.concatenate([p.low for p in parts.values()])
         high = np.concatenate([p.high for p in parts.values()])
@@ -97,3 +113,215 @@ def predictor_spread(spec: dict | None, predicted: np.ndarray) -> np.ndarray:
         width = edges[i] - lower[i]
         return np.clip(width / np.maximum(edges[i], 1.0), 0.0, 1.0).astype(np.float32)
     return np.zeros(n, np.float32)
+
+
+def feature_table(table, index: str = "i") -> str:
+    """A feature table as reStructuredText (the env's docstring tables are made from these)."""
+    w = max(len(f[0]) for f in table) + 2
+    rule = f"===  {'=' * w}  ===========  {'=' * 60}"
+    lines = [rule, f"{index:<3}  {'name':<{w}}  {'range':<11}  meaning", rule]
+    for i, (name, lo, hi, meaning) in enumerate(table):
+        rng = f"[{lo:g}, {hi:g}]"
+        lines.append(f"{i:<3}  {name:<{w}}  {rng:<11}  {meaning}")
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+Q = {name: i for i, (name, *_rest) in enumerate(QUEUE_FEATURES)}
+R = {name: i for i, (name, *_rest) in enumerate(RUNNING_FEATURES)}
+G = {name: i for i, (name, *_rest) in enumerate(GLOBAL_FEATURES)}
+_HIST = slice(R["remaining_hist_0"], R["remaining_hist_0"] + len(REMAINING_BIN_EDGES) + 1)
+
+
+class ObservationBuilder:
+    """Writes the observation of a decision point, feature by feature (names from the tables).
+
+    Queue rows that do not change while a batch forms (prompt, predicted output, uncertainty,
+    task class) are computed once per episode; the boundary-dependent ones (age, prefix hit,
+    service deficit, SLO slack, prefilled) once per boundary for the requests the slots may show.
+    """
+
+    def __init__(self, k: int, flat: bool, budgets: tuple[int | None, ...] | None) -> None:
+        self.K = k
+        self.flat = flat
+        self.budgets = budgets
+        self.space = observation_space(k, flat, len(budgets) if budgets else 0)
+
+    def setup(self, env) -> None:
+        """Per-episode tables (``env`` has just reset its engine and decision point)."""
+        e, dp = env.engine, env.dp
+        wl = e.workload
+        self.e, self.dp = e, dp
+        cap = dp.cap_tokens
+        self.n = max(len(wl), 1)
+        lat = e.latency
+        self.timed = timed = not getattr(lat, "needs_composition", False)
+        unit = lat.batch_time(0, 0, 0, 1, 1) if timed else 0.0
+        if not unit > 0 and timed:
+            unit = lat.batch_time(1, 1, 1, 0, 0)
+        self.unit = unit if unit > 0 else 1.0
+        self.inv_unit = 1.0 / self.unit
+        self.inv_log_time = 1.0 / math.log1p(TIME_RANGE)
+        self.inv_log_cap = 1.0 / math.log1p(cap)
+        self.inv_log_n = 1.0 / math.log1p(self.n)
+        self.rate_window = RATE_WINDOW * self.unit
+        self.tbl = token_scale(cap)
+        self.arrival_list = wl.arrival_s.tolist()
+        self.arrival_u = wl.arrival_s * self.inv_unit
+        self.prompt = wl.prompt_tokens
+        self.prefix = e.kv.enabled
+        self.multi_client = wl.n_clients > 1
+        has_ttft = np.isfinite(wl.ttft_slo_s)
+        self.has_ttft = bool(has_ttft.any())
+        if self.has_ttft:
+            slo = np.where(has_ttft, wl.ttft_slo_s, 1.0)
+            self.ttft_mask = has_ttft
+            self.deadline = wl.arrival_s + slo
+            self.inv_slo = np.where(has_ttft, 1.0 / slo, 0.0)
+        st = np.zeros((len(wl) + 1, len(QUEUE_FEATURES)), np.float32)  # + the all-zero padding row
+        st[:-1, Q["present"]] = 1.0
+        st[:-1, Q["prompt"]] = self.tbl[np.minimum(wl.prompt_tokens, cap)]
+        st[:-1, Q["predicted_output"]] = self.tbl[np.minimum(wl.predicted_output, cap)]
+        st[:-1, Q["uncertainty"]] = predictor_spread(env._spec["workload"].get("predictor"), wl.predicted_output)
+        st[:-1, Q["task_class"]] = wl.task_class
+        st[:-1, Q["slo_slack"]] = 1.0
+        self.rows = st
+        self.bt_key = None
+
+    def refresh(self, rid: int) -> None:
+        """A preempted request's prompt (+ generated tokens) and remaining output changed."""
+        cap = self.dp.cap_tokens
+        row = self.rows[rid]
+        row[Q["prompt"]] = self.tbl[min(int(self.dp.target[rid]), cap)]
+        row[Q["predicted_output"]] = self.tbl[min(max(int(self.dp.pred[rid] - self.dp.gen[rid]), 0), cap)]
+
+    def log_tokens(self, x: float) -> float:
+        """``log1p(x) / log1p(M)``, clipped at 2."""
+        return min(math.log1p(x) * self.inv_log_cap, 2.0)
+
+    def log_time(self, t: float) -> float:
+        return min(math.log1p(max(t, 0.0) * self.inv_unit) * self.inv_log_time, 1.0)
+
+    # ------------------------------------------------------------------------------------------
+    def observe(self, env):
+        e, dp = self.e, self.dp
+        n = len(dp.slots)
+        now = e.clock
+        if n:
+            new, dp.row_upto = dp.window(dp.row_upto)
+            if new is not None:
+                self._fill_rows(new, now)
+        q = self.rows.take(dp.ids_pad, axis=0)
+        if n:
+            q[:n, Q["fits_now"]] = dp.fits_now
+            ff = dp.fits_future
+            if ff is None:
+                # not the admission rule: the chosen requests count at their peak throughout
+                ff = dp.fits_future = dp.rooms(dp.ids) >= dp.sel_peaks
+            q[:n, Q["fits_future"]] = ff
+        return self._pack(q, self._running(env), self._globals(env), env)
+
+    def _pack(self, q, r, g, env):
+        parts = {"queue": q.reshape(-1), "running": r, "globals": g}
+        if self.budgets:
+            parts["budgets"] = self._batch_times(env)
+        if self.flat:
+            return np.concatenate(tuple(parts.values()))
+        return parts
+
+    def _running(self, env) -> np.ndarray:
+        e, dp = self.e, self.dp
+        dp.residents()
+        r = np.zeros(len(RUNNING_FEATURES), np.float32)
+        n_sel = len(dp.sel)
+        n_res = dp.n_run + n_sel
+        if n_res:
+            r[R["count"]] = math.log1p(n_res) * self.inv_log_cap
+            r[R["kv_used"]] = min((e.kv.used_blocks - dp.released + dp.sel_blocks) / dp.cap_blocks, 2.0)
+            hist = dp.run_hist_list
+            if n_sel:
+                hist = [a + b for a, b in zip(hist, dp.sel_hist, strict=True)]
+            inv = 1.0 / n_res
+            r[_HIST] = [h * inv for h in hist]
+        if dp.n_run:
+            r[R["future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
+        if n_sel:
+            r[R["selected"]] = math.log1p(n_sel) * self.inv_log_cap
+        if e.n_in_prefill:
+            mid, owed = env.prefill_state()
+            r[R["prefilling"]] = math.log1p(mid) * self.inv_log_cap
+            r[R["prefill_owed"]] = self.log_tokens(owed)
+        if dp.victims:
+            r[R["preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
+        return r
+
+    def _globals(self, env) -> np.ndarray:
+        e, dp = self.e, self.dp
+        now = e.clock
+        g = np.empty(len(GLOBAL_FEATURES), np.float32)
+        recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
+        g[G["kv_used"]] = min(e.kv.used_blocks / dp.cap_blocks, 2.0)
+        g[G["queue_len"]] = math.log1p(len(e.waiting) - len(dp.sel)) * self.inv_log_n
+        g[G["arrival_rate"]] = math.log1p(recent) * self.inv_log_n
+        g[G["since_batch"]] = self.log_time(now - env.last_admit_s)
+        g[G["last_iteration"]] = self.log_time(env.last_iter_s)
+        g[G["arrived"]] = e.next_idx / self.n
+        g[G["last_prefill_tokens"]] = self.log_tokens(env.last_prefill_tokens)
+        g[G["last_decode_tokens"]] = self.log_tokens(env.last_decode_tokens)
+        b = env.last_budget
+        g[G["budget"]] = 2.0 if b is None else self.log_tokens(b)
+        g[G["backlog"]] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
+        g[G["stall"]] = self.log_time(now - min(env.stalled.values())) if env.stalled else 0.0
+        return g
+
+    def _batch_times(self, env) -> np.ndarray:
+        """Predicted duration of the next batch for each launch budget (the latency model's
+        estimate: decodes first, then unfinished prefills and the chosen requests' prompts)."""
+        dp = self.dp
+        key = (dp.bid, len(dp.sel), len(dp.victims))
+        if key == self.bt_key:
+            return self.bt.copy()
+        self.bt_key = key
+        out = np.zeros(len(self.budgets), np.float32)
+        if self.timed:
+            n_dec, dec_ctx, mid, owed, mid_ctx = env.batch_shape()
+            lat = self.e.latency
+            want = owed + dp.sel_tokens
+            chunks = mid + len(dp.sel)
+            inv = 1.0 / n_dec if n_dec else 0.0
+            for j, b in enumerate(self.budgets):
+                d = n_dec if b is None or b >= n_dec else b
+                p = want if b is None else max(min(b - d, want), 0)
+                t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
+                out[j] = self.log_time(t)
+        self.bt = out
+        return out.copy()
+
+    def _fill_rows(self, ids: np.ndarray, now: float) -> None:
+        """The boundary-dependent queue features of requests ``ids`` (constant while a batch forms)."""
+        e, rows, dp = self.e, self.rows, self.dp
+        age = np.log1p(now * self.inv_unit - self.arrival_u[ids])
+        age *= self.inv_log_time
+        rows[ids, Q["age"]] = np.minimum(age, 1.0, out=age)
+        if self.prefix:
+            rows[ids, Q["prefix_hit"]] = [e.kv.match_tokens(r) / self.prompt[r] for r in ids.tolist()]
+        if self.multi_client:
+            rows[ids, Q["service_deficit"]] = self._deficit(ids)
+        if self.has_ttft:
+            slack = np.clip((self.deadline[ids] - now) * self.inv_slo[ids], -1.0, 1.0)
+            rows[ids, Q["slo_slack"]] = np.where(self.ttft_mask[ids], slack, 1.0)
+        pf = dp.prefilled[ids]
+        if pf.any():
+            rows[ids, Q["prefilled"]] = np.minimum(pf / np.maximum(dp.target[ids], 1), 1.0)
+        else:
+            rows[ids, Q["prefilled"]] = 0.0
+
+    def _deficit(self, ids: np.ndarray) -> np.ndarray:
+        from llmsched_gym.core.metrics import client_service
+
+        e = self.e
+        wl = e.workload
+        sv = client_service(e) / wl.client_weight
+        active = np.bincount(wl.client[: e.next_idx], minlength=wl.n_clients) > 0
+        top = float(sv[active].max()) if active.any() else 0.0
+        return np.clip((top - sv[wl.client[ids]]) / (top + 1.0), 0.0, 1.0)

@@ -21,7 +21,7 @@ def render_ansi(env: LLMSchedEnv) -> str:
         return "LLMSched-v0: call reset() first\n"
     cap = e.kv.capacity_tokens
     used = e.kv.used_tokens
-    reserved = env._sel_blocks * e.kv.block_size if not env._ended else 0
+    reserved = env.dp.sel_blocks * e.kv.block_size if not env._ended else 0
     n_used = min(BAR, round(BAR * used / cap))
     n_res = min(BAR - n_used, round(BAR * reserved / cap))
     bar = "#" * n_used + "+" * n_res + "." * (BAR - n_used - n_res)
@@ -30,17 +30,17 @@ def render_ansi(env: LLMSchedEnv) -> str:
         f"  waiting {len(e.waiting)}  running {len(e.running)}",
         f"KV [{bar}] {used}/{cap} tokens ({used / cap:.0%})" + (f", +{reserved} chosen" if reserved else ""),
     ]
-    if env._sel:
-        lines.append(f"batch being formed: {env._sel[:SHOWN]}" + (" ..." if len(env._sel) > SHOWN else ""))
+    if env.dp.sel:
+        lines.append(f"batch being formed: {env.dp.sel[:SHOWN]}" + (" ..." if len(env.dp.sel) > SHOWN else ""))
     lines.append("slot  request  prompt  pred_out  age_s   ok")
     wl = e.workload
-    for s, rid in enumerate(env._slots[:SHOWN]):
+    for s, rid in enumerate(env.dp.slots[:SHOWN]):
         lines.append(
-            f"{s:>4}  {rid:>7}  {int(env._target[rid]):>6}  {int(wl.predicted_output[rid]):>8}"
-            f"  {e.clock - wl.arrival_s[rid]:>5.2f}  {'yes' if env._ok[s] else 'no'}"
+            f"{s:>4}  {rid:>7}  {int(env.dp.target[rid]):>6}  {int(wl.predicted_output[rid]):>8}"
+            f"  {e.clock - wl.arrival_s[rid]:>5.2f}  {'yes' if env.dp.ok[s] else 'no'}"
         )
-    if len(env._slots) > SHOWN:
-        lines.append(f"      ... {len(env._slots) - SHOWN} more slots, {len(e.waiting)} waiting in all")
+    if len(env.dp.slots) > SHOWN:
+        lines.append(f"      ... {len(env.dp.slots) - SHOWN} more slots, {len(e.waiting)} waiting in all")
     run = e.running[:SHOWN]
     if run:
         desc = ", ".join(f"{r}({int(e.generated[r])}/{int(wl.predicted_output[r])})" for r in run)

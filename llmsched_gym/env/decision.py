@@ -1,0 +1,329 @@
+"""The decision point of ``LLMSched-v0``: what the agent sees and changes at one iteration boundary.
+
+A :class:`DecisionPoint` lives for one episode. At every boundary :meth:`DecisionPoint.begin`
+computes the free KV blocks the next batch can use, orders the waiting queue, fills the ``K``
+slots and evaluates the admission rule on them. While the agent forms the batch (``select``
+mode: one request or one preemption per step) it keeps the batch being formed: the chosen
+requests (``sel``), the running requests chosen for preemption (``victims``) and the blocks
+they reserve or release, so that the masks stay exact without touching the engine.
+
+Memory is counted in whole blocks, as the engine counts it: ``free`` is the capacity minus the
+blocks in use, minus this iteration's decode growth, minus the blocks still owed to unfinished
+(chunked) prefills, minus what the batch being formed has reserved, plus what its preemptions
+release.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from llmsched_gym.env import observation as obs_mod
+from llmsched_gym.env.admission import FutureProfile
+
+if TYPE_CHECKING:
+    from llmsched_gym.core.engine import Engine
+
+ORDERS = ("arrival", "shortest", "prompt", "deadline")
+_EDGES = list(obs_mod.REMAINING_BIN_EDGES)
+_EDGES_ARRAY = np.array(_EDGES, np.int64)
+N_BINS = len(_EDGES) + 1
+
+
+class DecisionPoint:
+    """Slots, masks and the batch being formed (see the module docstring).
+
+    :param k: number of slots.
+    :param order: canonical slot order (``ORDERS``).
+    :param admission: admission rule (``current``, ``future`` or ``none``).
+    :param max_num_seqs: cap on running + chosen requests (``None``: no cap).
+    """
+
+    def __init__(self, k: int, order: str, admission: str, max_num_seqs: int | None) -> None:
+        self.K = k
+        self.order = order
+        self.admission = admission
+        self.max_num_seqs = max_num_seqs
+        self._false = np.zeros(k, bool)
+        self._ones = np.ones(k, bool)
+
+    # ------------------------------------------------------------------------------------------
+    # episode
+    def setup(self, e: Engine) -> None:
+        """Per-request tables of a new episode (``e`` is the episode's engine)."""
+        wl, kv = e.workload, e.kv
+        self.e = e
+        self.bs = kv.block_size
+        self.pad = kv.block_size - 1
+        self.emit = 1 if e.config.prefill_emits_token else 0
+        self.cap_tokens = kv.capacity_tokens
+        self.cap_blocks = kv.capacity_blocks
+        self.target, self.gen, self.kvt, self.prefilled = e.prefill_target, e.generated, e.kv_tokens, e.prefilled
+        self.pred = wl.predicted_output
+        n = len(wl)
+        self.fp_run = FutureProfile(self.cap_tokens, n)
+        self.fp = FutureProfile(self.cap_tokens, n)
+        has_ttft = np.isfinite(wl.ttft_slo_s)
+        self.deadline_key = np.where(has_ttft, wl.arrival_s + np.where(has_ttft, wl.ttft_slo_s, 0.0), np.inf)
+        # per request, constant until it is preempted (refresh): KV blocks its admission needs,
+        # its Eq. (1) line as a candidate (completion point c, base b)
+        target = wl.prompt_tokens
+        self.need = (target + (self.emit + self.pad)) // self.bs
+        self.cand_c = np.maximum(self.pred, 1) + (1 - self.emit)
+        self.cand_b = target + (self.emit - 1 + self.pad)
+        self.room = np.zeros(n)
+        self.pad_ids = [n] * self.K
+        self.empty_pad = np.full(self.K, n, np.int64)
+        self.bid = 0
+        self.slots: list[int] = []
+        self.ok = np.zeros(0, bool)
+        self.any = False
+        self.sel: list[int] = []
+        self.sel_set: set[int] = set()
+        self.victims: list[int] = []
+        self.sel_tokens = 0
+
+    def refresh(self, rid: int) -> None:
+        """A preempted request's prefill target, remaining output or swap state changed."""
+        e = self.e
+        target = int(self.target[rid])
+        rem = max(int(self.pred[rid] - self.gen[rid]), 1)
+        if e.swapped[rid]:
+            self.need[rid] = (int(self.kvt[rid]) + 1 + self.pad) // self.bs
+        else:
+            self.need[rid] = (target + self.emit + self.pad) // self.bs
+        self.cand_c[rid] = rem + 1 - self.emit
+        self.cand_b[rid] = target + self.emit - 1 + self.pad
+
+    # ------------------------------------------------------------------------------------------
+    # boundary
+    def begin(self) -> None:
+        """A new boundary: free blocks, queue order, slots and admissibility."""
+        e = self.e
+        self.bid += 1
+        self.sel = []
+        self.sel_set = set()
+        self.sel_blocks = 0
+        self.sel_tokens = 0
+        self.sel_hist = [0] * N_BINS
+        self.sel_c: list[int] = []
+        self.sel_b: list[int] = []
+        self.sel_peaks = 0
+        self.victims = []
+        self.released = 0
+        self.residents_ok = False
+        self.profile_ok = False
+        self.row_upto = self.room_upto = 0
+        running = e.running
+        growth = 0
+        if running:
+            if self.bs == 1 and not e.n_in_prefill:
+                growth = len(running)
+            else:
+                growth = sum(self.growth(r) for r in running)
+        self.free = self.cap_blocks - e.kv.used_blocks - growth
+        w = e.waiting
+        if not w:
+            self.queue = self.slots = []
+            self.qpos = 0
+            self.ids_pad = self.empty_pad
+            self.ids = self.ids_pad[:0]
+            self.fits_now = self.fits_future = self.ok = self._false[:0]
+            self.any = False
+            return
+        if self.order == "arrival" or len(w) <= 1:
+            self.queue = w
+        else:
+            ids = np.array(w, np.int64)
+            if self.order == "shortest":
+                key = self.cand_c[ids]
+            elif self.order == "prompt":
+                key = self.target[ids]
+            else:
+                key = self.deadline_key[ids]
+            self.queue = ids[np.argsort(key, kind="stable")].tolist()
+        slots = self.queue[: self.K]
+        self.qpos = len(slots)
+        self.fill_slots(slots)
+
+    def growth(self, rid: int) -> int:
+        """Blocks running request ``rid`` adds in the next iteration if it runs: a decode's new
+        block, or everything its unfinished prefill still owes (reserved)."""
+        kvt, bs = int(self.kvt[rid]), self.bs
+        left = int(self.target[rid] - self.prefilled[rid])
+        if left > 0:
+            return -(-(kvt + left + self.emit) // bs) - -(-kvt // bs)
+        return 1 if kvt % bs == 0 else 0
+
+    def survivors(self) -> list[int]:
+        """Running requests not chosen for preemption."""
+        run = self.e.running
+        if not self.victims:
+            return run
+        gone = set(self.victims)
+        return [r for r in run if r not in gone]
+
+    def fill_slots(self, slots: list[int]) -> None:
+        """Show ``slots`` (queue entries not chosen yet) and evaluate the admission rule on them."""
+        k = self.K
+        self.slots = slots
+        n = len(slots)
+        # padded with the all-zero feature row, so one gather builds the queue observation
+        self.ids_pad = np.array(slots + self.pad_ids[: k - n] if n < k else slots, np.int64)
+        ids = self.ids = self.ids_pad[:n]
+        self.fits_now = fits = self.need[ids] <= self.free - self.sel_blocks
+        self.fits_future = None
+        if self.admission == "current":
+            ok = fits
+        elif self.admission == "none":
+            ok = self._ones[:n]
+        else:
+            ok = self.fits_future = self.future_fits(ids)
+        m = self.max_num_seqs
+        if m is not None and len(self.e.running) - len(self.victims) + len(self.sel) >= m:
+            ok = self._false[:n]
+        self.ok = ok
+        self.any = n > 0 and (ok is self._ones[:n] or bool(np.count_nonzero(ok)))
+
+    # ------------------------------------------------------------------------------------------
+    # forming the batch
+    def select(self, slot: int) -> None:
+        """Add the request in ``slot`` to the batch; the slots shift up and the next queue entry
+        enters at the end."""
+        slots = self.slots
+        rid = slots[slot]
+        self.sel.append(rid)
+        self.sel_set.add(rid)
+        self.take(rid)
+        slots = slots.copy()
+        del slots[slot]
+        if self.qpos < len(self.queue):
+            slots.append(self.queue[self.qpos])
+            self.qpos += 1
+        self.fill_slots(slots)
+
+    def take(self, rid: int) -> None:
+        """Reserve ``rid``'s KV and add its Eq. (1) line to the batch being formed."""
+        c, b = int(self.cand_c[rid]), int(self.cand_b[rid])
+        self.sel_blocks += int(self.need[rid])
+        self.sel_tokens += int(self.target[rid] - self.prefilled[rid])
+        self.sel_c.append(c)
+        self.sel_b.append(b)
+        self.sel_peaks += c + b
+        self.sel_hist[bisect.bisect_right(_EDGES, c - 1 + self.emit)] += 1
+        self.profile_ok = False
+
+    def victim(self, rule: str) -> int | None:
+        """The running request a preemption by ``rule`` would evict now (None if none is left)."""
+        run = self.survivors()
+        if not run:
+            return None
+        if rule == "newest":
+            return run[-1]
+        rem = np.maximum(self.pred[run] - self.gen[run], 1)
+        # longest predicted remaining output; ties: the newest id (SRPT's order)
+        return int(max(zip(rem.tolist(), run, strict=True))[1])
+
+    def preempt(self, rid: int) -> None:
+        """Choose running request ``rid`` for preemption: its blocks and its growth are released."""
+        self.victims.append(rid)
+        freed = -(-int(self.kvt[rid]) // self.bs) + self.growth(rid)
+        self.free += freed
+        self.released += freed
+        self.residents_ok = False
+        self.profile_ok = False
+        self.room_upto = 0
+        self.fill_slots(self.slots)
+
+    def admissible(self, rid: int) -> bool:
+        rule = self.admission
+        m = self.max_num_seqs
+        if m is not None and len(self.e.running) - len(self.victims) + len(self.sel) >= m:
+            return False
+        if rule == "current":
+            return int(self.need[rid]) <= self.free - self.sel_blocks
+        if rule == "future":
+            return bool(self.future_fits(np.array([rid]))[0])
+        return True
+
+    def filter(self, slots: list[int], stop_at_first: bool) -> list[int]:
+        """Admit ``slots`` in the given order while the admission rule allows (skipping or stopping)."""
+        admitted: list[int] = []
+        for s in slots:
+            rid = self.slots[s]
+            if self.admissible(rid):
+                admitted.append(rid)
+                self.sel.append(rid)
+                self.take(rid)
+            elif stop_at_first:
+                break
+        return admitted
+
+    # ------------------------------------------------------------------------------------------
+    # the running requests and the future rule
+    def residents(self) -> None:
+        """Arrays of the running requests (KV, remaining-output histogram) and their Eq. (1)
+        profile (lines sorted by completion point). An unfinished prefill counts at its full
+        prompt; requests chosen for preemption are left out."""
+        if self.residents_ok:
+            return
+        self.residents_ok = True
+        e = self.e
+        run = np.array(self.survivors(), np.int64)
+        kv = self.kvt[run]
+        rem = np.maximum(self.pred[run] - self.gen[run], 1)
+        if e.n_in_prefill:  # an unfinished prefill is a line like a candidate's (see cand_c, cand_b)
+            left = self.target[run] - self.prefilled[run]
+            mid = left > 0
+            kv = np.where(mid, kv + left + self.emit - 1, kv)
+            rem = np.where(mid, rem + 1 - self.emit, rem)
+        self.n_run = len(run)
+        self.run_hist = np.bincount(_EDGES_ARRAY.searchsorted(rem, side="right"), minlength=N_BINS)
+        self.run_hist_list = self.run_hist.tolist()
+        # sort the lines by completion point: one sort of (c, base) packed into an int64
+        packed = np.sort((rem << 32) | (kv + self.pad))
+        self.line_c = packed >> 32
+        self.line_b = packed & 0xFFFFFFFF
+        self.fp_run.build(self.line_c, self.line_b)
+
+    def window(self, covered: int) -> tuple[np.ndarray | None, int]:
+        """Queue entries the slots may show before the caches filled up to ``covered`` run out
+        (``None`` while they last); caches are filled K entries ahead, so that a run of selections
+        (each shifts the slots by one) needs no refill."""
+        need = self.K + len(self.sel)
+        if need <= covered:
+            return None, covered
+        return np.array(self.queue[: need + self.K], np.int64), need + self.K
+
+    def rooms(self, ids: np.ndarray) -> np.ndarray:
+        """Eq. (1) room of requests ``ids`` against the running requests (cached per boundary)."""
+        new, self.room_upto = self.window(self.room_upto)
+        if new is not None:
+            self.residents()
+            self.room[new] = self.fp_run.room(self.cand_c[new], self.cand_b[new])
+        return self.room[ids]
+
+    def future_fits(self, ids: np.ndarray) -> np.ndarray:
+        """The ``future`` rule for requests ``ids`` given the running requests and the batch so far.
+
+        No room against the running requests alone is final (chosen requests only add memory);
+        room for every chosen request's peak ``base + c`` held throughout is sufficient. The exact
+        profile with the chosen requests' lines is built only when some request falls between."""
+        room = self.rooms(ids)
+        sure = room >= self.sel_peaks
+        if not self.sel_c:
+            return sure
+        unsure = (room >= 0) > sure
+        if not unsure.any():
+            return sure
+        if not self.profile_ok:
+            lc = np.concatenate((self.line_c, self.sel_c))
+            lb = np.concatenate((self.line_b, self.sel_b))
+            order = lc.argsort(kind="stable")
+            self.fp.build(lc[order], lb[order])
+            self.profile_ok = True
+        cand = ids[unsure]
+        sure[unsure] = self.fp.fits(self.cand_c[cand], self.cand_b[cand])
+        return sure

@@ -1,0 +1,337 @@
+"""The action modes of ``LLMSched-v0``: one small class per mode.
+
+A mode owns its ``space`` and turns an action into the env's batch: it calls the decision point
+(``env.dp``: select a slot, preempt) and the env (``env.launch(budget)`` forms the batch with the
+shared :class:`~llmsched_gym.core.batching.BatchBuilder`, ``env.run_plan(plan)`` executes a
+policy's plan). It also says which boundaries are decisions (:meth:`Mode.decides`), what runs at
+the others (:meth:`Mode.between`) and how a policy's plan becomes an action
+(:meth:`Mode.expert`, which raises :class:`Inexpressible` when the mode cannot express it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from llmsched_gym.core.batching import BatchBuilder
+from llmsched_gym.core.engine import WAITING
+from llmsched_gym.core.scheduler import BatchPlan, Scheduler
+from llmsched_gym.env.actions import (
+    KNOBS,
+    PREEMPT_RULES,
+    action_space,
+    check_box,
+    check_subset,
+    discrete_error,
+    knob_values,
+    select_error,
+    select_size,
+    tune_values,
+)
+
+if TYPE_CHECKING:
+    from llmsched_gym.env.llmsched_env import LLMSchedEnv
+
+
+class Inexpressible(ValueError):
+    """A policy's plan that the action mode cannot express (the message says why)."""
+
+
+class Mode:
+    """Base class: the slot-based modes (the agent forms the batch through the decision point)."""
+
+    name = ""
+
+    def __init__(self, env: LLMSchedEnv) -> None:
+        self.env = env
+        self.dp = env.dp
+        self.K = env.K
+
+    @property
+    def space(self):
+        return action_space(self.name, self.K)
+
+    def decides(self) -> bool:
+        """Whether this boundary is a decision: a slot is admissible or a prefill is unfinished."""
+        return self.dp.any or self.env.engine.n_in_prefill > 0
+
+    def between(self) -> BatchPlan:
+        """The plan of a boundary that is not a decision (nothing admissible, nothing chunked)."""
+        return self.env.default_plan()
+
+    def masks(self) -> np.ndarray:
+        """Admissible slots (information only in the Box modes)."""
+        dp = self.dp
+        return np.concatenate((dp.ok, np.zeros(self.K - len(dp.slots), bool)))
+
+    def step(self, action) -> None:
+        raise NotImplementedError
+
+    def expert(self, pol: Scheduler, plan: BatchPlan):
+        raise Inexpressible(f"{self.name} mode has no translation of a batch plan into an action")
+
+    # shared by subset and priority: the plan must be what admitting its requests forms
+    def _admissions(self, plan: BatchPlan) -> list[int]:
+        env = self.env
+        if plan.preempt:
+            raise Inexpressible(f"it preempts {list(plan.preempt)} (only select mode has preempt actions)")
+        admitted = env.plan_admissions(plan)
+        slot_of = {r: i for i, r in enumerate(self.dp.slots)}
+        missing = [r for r in admitted if r not in slot_of]
+        if missing:
+            raise Inexpressible(f"requests {missing} are not among the {self.K} slots (order={self.dp.order!r})")
+        masked = [slot_of[r] for r in admitted if not self.dp.ok[slot_of[r]]]
+        if masked:
+            raise Inexpressible(f"slots {masked} are masked by admission={self.dp.admission!r}")
+        if env.plan_key(plan) != env.plan_key(env.form(env.budget, admitted)):
+            raise Inexpressible(f"its batch is not the one admitting {admitted} forms with budget={env.budget}")
+        return admitted
+
+
+class SelectMode(Mode):
+    """``Discrete(K + B + 2)``: admit slot ``i``; launch with budget ``budgets[j]``; preempt."""
+
+    name = "select"
+
+    def __init__(self, env: LLMSchedEnv) -> None:
+        super().__init__(env)
+        self.budgets = env.budgets
+        self.B = len(self.budgets)
+        self.n = select_size(self.K, self.B)
+        self.launch0 = self.K
+        self.preempt0 = self.K + self.B
+        self._tail_launch = np.ones(self.B, bool)
+        self._false = np.zeros(self.K, bool)
+
+    @property
+    def space(self):
+        return action_space("select", self.K, self.B)
+
+    def masks(self) -> np.ndarray:
+        dp = self.dp
+        can = len(self.env.engine.running) > len(dp.victims)
+        return np.concatenate((dp.ok, self._false[: self.K - len(dp.slots)], self._tail_launch, (can, can)))
+
+    def step(self, action) -> None:
+        if type(action) is not int and isinstance(action, np.ndarray | np.integer) \
+                and action.ndim == 0 and action.dtype.kind in "iu":
+            action = int(action)
+        dp, env = self.dp, self.env
+        if type(action) is int:
+            if 0 <= action < len(dp.slots) and dp.ok[action]:
+                dp.select(action)
+                return
+            if self.launch0 <= action < self.preempt0:
+                env.launch(self.budgets[action - self.launch0])
+                return
+            if self.preempt0 <= action < self.n:
+                victim = dp.victim(PREEMPT_RULES[action - self.preempt0])
+                if victim is not None:
+                    dp.preempt(victim)
+                    return
+        env.invalid(select_error(action, self.masks(), self.K))
+        env.launch(env.last_budget)
+
+    def expert(self, pol: Scheduler, plan: BatchPlan) -> int:
+        env, dp = self.env, self.dp
+        victims = list(plan.preempt)
+        done = len(dp.victims)
+        if dp.victims != victims[:done]:
+            raise Inexpressible(f"the batch being formed preempted {dp.victims}, the plan {victims}")
+        if done < len(victims):
+            v = victims[done]
+            for j, rule in enumerate(PREEMPT_RULES):
+                if dp.victim(rule) == v:
+                    return self.preempt0 + j
+            raise Inexpressible(f"it preempts request {v}, neither the newest running request nor the one "
+                                "with the longest predicted remaining output")
+        admitted = env.plan_admissions(plan)
+        if admitted[: len(dp.sel)] != dp.sel:
+            raise Inexpressible(f"the batch being formed chose {dp.sel}, the plan admits {admitted}")
+        if len(admitted) > len(dp.sel):
+            rid = admitted[len(dp.sel)]
+            try:
+                s = dp.slots.index(rid)
+            except ValueError:
+                raise Inexpressible(f"request {rid} is not among the {self.K} slots (order={dp.order!r})") from None
+            if not dp.ok[s]:
+                raise Inexpressible(f"request {rid} (slot {s}) is masked by admission={dp.admission!r}"
+                                    + (f", max_num_seqs={dp.max_num_seqs}" if dp.max_num_seqs else ""))
+            return s
+        key = env.plan_key(plan)
+        for j, b in enumerate(self.budgets):
+            if env.plan_key(env.form(b, dp.sel)) == key:
+                return self.launch0 + j
+        raise Inexpressible(f"no launch budget in {list(self.budgets)} forms its batch ({env.describe(plan)})")
+
+
+class SubsetMode(Mode):
+    """``MultiBinary(K)``: the whole admission set in one step (budget: the env's ``budget``)."""
+
+    name = "subset"
+
+    def masks(self) -> np.ndarray:
+        dp = self.dp
+        m2 = np.zeros((self.K, 2), dtype=bool)
+        m2[:, 0] = True
+        m2[: len(dp.slots), 1] = dp.ok
+        return m2.reshape(-1)
+
+    def step(self, action) -> None:
+        env = self.env
+        chosen = check_subset(action, self.dp.ok, self.K)
+        if isinstance(chosen, str):
+            env.invalid(chosen)
+            chosen = np.empty(0, np.int64)
+        self.dp.filter([int(i) for i in chosen], stop_at_first=False)
+        env.launch(env.budget)
+
+    def expert(self, pol: Scheduler, plan: BatchPlan) -> np.ndarray:
+        act = np.zeros(self.K, np.int8)
+        slot_of = {r: i for i, r in enumerate(self.dp.slots)}
+        act[[slot_of[r] for r in self._admissions(plan)]] = 1
+        return act
+
+
+class PriorityMode(Mode):
+    """``Box(-1, 1, (K,))``: admit by decreasing score until the rule rejects; below 0 never."""
+
+    name = "priority"
+
+    def step(self, action) -> None:
+        env, dp = self.env, self.dp
+        scores = check_box(action, self.K, self.name)
+        if isinstance(scores, str):
+            env.invalid(scores)
+        else:
+            n = len(dp.slots)
+            by_score = np.argsort(-scores[:n], kind="stable")
+            dp.filter([int(i) for i in by_score if scores[i] >= 0.0], stop_at_first=True)
+        env.launch(env.budget)
+
+    def expert(self, pol: Scheduler, plan: BatchPlan) -> np.ndarray:
+        admitted = self._admissions(plan)
+        scores = np.full(self.K, -1.0, np.float32)
+        slot_of = {r: i for i, r in enumerate(self.dp.slots)}
+        for rank, r in enumerate(admitted):
+            scores[slot_of[r]] = 1.0 - rank / (len(admitted) + 1)
+        return scores
+
+
+class KnobMode(Mode):
+    """``Box(-1, 1, (2,))``: Jaillet et al.'s alpha-protection margin and a prefill token budget."""
+
+    name = "knob"
+
+    def step(self, action) -> None:
+        env, dp = self.env, self.dp
+        knobs = check_box(action, len(KNOBS), self.name)
+        if isinstance(knobs, str):
+            env.invalid(knobs)
+        else:
+            alpha, budget = knob_values(knobs, dp.cap_tokens)
+            limit = (1.0 - alpha) * dp.cap_tokens
+            used = env.engine.kv.used_tokens
+            order, tokens, reserved = [], 0, 0
+            for s, rid in enumerate(dp.slots):
+                p = int(dp.target[rid])
+                need = int(dp.need[rid]) * dp.bs
+                if used + reserved + need > limit or tokens + p > budget:
+                    break
+                order.append(s)
+                tokens += p
+                reserved += need
+            dp.filter(order, stop_at_first=True)
+        env.launch(env.budget)
+
+
+class PolicyMode(Mode):
+    """Modes whose action picks or parameterises a policy that forms the whole plan."""
+
+    def decides(self) -> bool:
+        e = self.env.engine
+        return bool(e.waiting) or e.n_in_prefill > 0
+
+    def between(self) -> BatchPlan:
+        return self.policy.schedule(self.env.engine.view)
+
+    def masks(self) -> np.ndarray:
+        return np.ones(self.space.n if self.name == "meta" else self.K, bool)
+
+    def run(self) -> None:
+        env = self.env
+        plan = self.policy.schedule(env.engine.view)
+        if env.engine.waiting:
+            plan.hold = False  # the next boundary is a decision again
+        env.run_plan(plan)
+
+
+class MetaMode(PolicyMode):
+    """``Discrete(len(candidates))``: action ``i`` executes candidate ``i``'s plan (a Switch)."""
+
+    name = "meta"
+
+    def __init__(self, env: LLMSchedEnv) -> None:
+        super().__init__(env)
+        self.policy = env.switch
+        self.n = len(env.switch.candidates)
+
+    @property
+    def space(self):
+        return action_space("meta", self.K, n_candidates=self.n)
+
+    def step(self, action) -> None:
+        err = discrete_error(action, self.n, self.name)
+        if err:
+            self.env.invalid(err)
+        else:
+            self.policy.active = int(action)
+        self.run()
+
+    def expert(self, pol: Scheduler, plan: BatchPlan | None) -> int:
+        for i, c in enumerate(self.policy.candidates):
+            if c is pol:
+                return i
+        raise Inexpressible(f"{pol.name} is not one of the candidates "
+                            f"({', '.join(c.name for c in self.policy.candidates)})")
+
+
+class TuneMode(PolicyMode):
+    """``Box(-1, 1, (n,))``: the base policy's parameters for this decision (log-uniform ranges)."""
+
+    name = "tune"
+
+    def __init__(self, env: LLMSchedEnv) -> None:
+        super().__init__(env)
+        self.policy = env.base
+        self.knobs = env.tune
+        self.params = type(self.policy).params
+
+    @property
+    def space(self):
+        return action_space("tune", self.K, n_knobs=len(self.knobs))
+
+    def masks(self) -> np.ndarray:
+        return Mode.masks(self)
+
+    def step(self, action) -> None:
+        a = check_box(action, len(self.knobs), self.name)
+        if isinstance(a, str):
+            self.env.invalid(a)
+        else:
+            for name, value in tune_values(a, self.knobs, self.params).items():
+                setattr(self.policy, name, value)
+        self.run()
+
+
+MODES: dict[str, type[Mode]] = {m.name: m for m in (SelectMode, SubsetMode, PriorityMode, KnobMode, MetaMode, TuneMode)}
+
+
+def plan_admissions(engine: Any, plan: BatchPlan) -> list[int]:
+    """Waiting requests ``plan`` admits, in its order."""
+    state = engine.state
+    return [int(r) for r in plan.prefill if state[r] == WAITING]
+
+
+__all__ = ["MODES", "BatchBuilder", "Inexpressible", "Mode", "plan_admissions"]
