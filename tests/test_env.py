@@ -15,7 +15,7 @@ from llmsched_gym.core.scenarios import SCENARIOS
 from llmsched_gym.env.actions import InvalidActionError
 from llmsched_gym.env.admission import FutureProfile
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
-from llmsched_gym.env.observation import GLOBAL_FEATURES, QUEUE_FEATURES, RUNNING_FEATURES
+from llmsched_gym.env.observation import GLOBAL_FEATURES, QUEUE_FEATURES, RUNNING_FEATURES, R
 from llmsched_gym.sim import make_policy, simulate
 
 SMALL = {
@@ -122,9 +122,9 @@ def test_max_episode_steps_truncates():
     env = gym.make("llmsched_gym:LLMSched-v0", scenario="jaillet-high", n_requests=200, max_episode_steps=5)
     env.reset(seed=0)
     for _ in range(4):
-        _, _, term, trunc, _ = env.step(env.unwrapped.action_space.n - 1)
+        _, _, term, trunc, _ = env.step(env.unwrapped.K)
         assert not (term or trunc)
-    _, _, term, trunc, _ = env.step(env.unwrapped.action_space.n - 1)
+    _, _, term, trunc, _ = env.step(env.unwrapped.K)
     assert trunc and not term
 
 
@@ -141,11 +141,14 @@ def test_tiny_instance_asks_only_when_there_is_a_choice_and_latency_reward_is_ex
     # admitted together they complete at t=4 and t=2, total latency 6
     env = LLMSchedEnv(tiny([2, 2], [3, 1], capacity=20), K=4)
     _, info = env.reset(seed=0)
-    assert info["action_mask"].tolist() == [1, 1, 0, 0, 1]
+    launches, no_preempt = [1] * len(env.budgets), [0, 0]
+    assert info["action_mask"].tolist() == [1, 1, 0, 0] + launches + no_preempt
     _, r0, term, _, info = env.step(0)
-    assert r0 == 0.0 and not term and info["action_mask"].tolist() == [1, 0, 0, 0, 1]
-    # the last slot chosen, nothing is left to decide: the batch launches and runs to the end
-    _, r1, term, trunc, info = env.step(0)
+    assert r0 == 0.0 and not term and info["action_mask"].tolist() == [1, 0, 0, 0] + launches + no_preempt
+    _, r0, term, _, info = env.step(0)
+    assert r0 == 0.0 and not term and info["action_mask"].tolist() == [0, 0, 0, 0] + launches + no_preempt
+    # launched whole (budget None): nothing is left to decide, the batch runs to the end
+    _, r1, term, trunc, info = env.step(4)
     assert term and not trunc
     assert r1 == pytest.approx(-6.0)
     assert info["summary"]["total_latency_s"] == pytest.approx(6.0)
@@ -157,7 +160,7 @@ def test_launching_empty_with_nothing_running_waits_for_the_next_arrival():
     env.reset(seed=0)
     _, r, _, _, info = env.step(2)  # launch nothing: idle until t=5
     assert info["clock_s"] == 5.0 and r == pytest.approx(-5.0)
-    assert info["action_mask"].tolist() == [1, 1, 1]
+    assert info["action_mask"].tolist() == [1, 1] + [1] * len(env.budgets) + [0, 0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,11 +179,13 @@ def test_future_rule_masks_a_request_whose_peak_would_collide_current_rule_does_
         assert q[:, 9].tolist() == [1, 1] and q[:, 10].tolist() == [1, 1]
     # current: the second request (now in slot 0) may join the batch being formed
     _, _, _, _, info = cur.step(0)
-    assert info["action_mask"].tolist() == [1, 0, 1] and info["clock_s"] == 0.0
-    # future: the second request is not admissible next to the first, so the batch launches by
-    # itself; the next decision comes when the first completes (t = 1 prefill + 5 decodes = 6)
+    assert info["action_mask"][:2].tolist() == [1, 0] and info["clock_s"] == 0.0
+    # future: the second request is not admissible next to the first; once the batch launches
+    # the next decision comes when the first completes (t = 1 prefill + 5 decodes = 6)
     _, _, term, _, info = fut.step(0)
-    assert not term and info["clock_s"] == 6.0 and info["action_mask"].tolist() == [1, 0, 1]
+    assert info["action_mask"][:2].tolist() == [0, 0]
+    _, _, term, _, info = fut.step(2)
+    assert not term and info["clock_s"] == 6.0 and info["action_mask"][:2].tolist() == [1, 0]
     assert np.isnan(fut.engine.first_scheduled_s[1])
 
 
@@ -201,21 +206,23 @@ def test_future_profile_matches_a_dense_check_of_eq1(seed):
 
 def test_future_mask_with_chosen_requests_equals_the_profile_rebuilt_from_scratch():
     # the env answers from the running requests' room and rebuilds only for undecided requests
-    env = LLMSchedEnv("jaillet-high", admission="future", n_requests=150, K=16)
+    # (whole prefills: budgets=(None,); preemptions chosen by the agent leave the profile)
+    env = LLMSchedEnv("jaillet-high", admission="future", n_requests=150, K=16, budgets=(None,))
     rng = np.random.default_rng(0)
     env.reset(seed=0)
     compared = 0
+    dp = env.dp
     for _ in range(400):
         e = env.engine
-        run = np.array(e.running, np.int64)
-        c = np.concatenate((np.maximum(env._pred[run] - env._gen[run], 1), env._cand_c[env._sel]))
-        b = np.concatenate((env._kvt[run], env._cand_b[env._sel]))
+        run = np.array(dp.survivors(), np.int64)
+        c = np.concatenate((np.maximum(dp.pred[run] - dp.gen[run], 1), dp.cand_c[dp.sel]))
+        b = np.concatenate((dp.kvt[run], dp.cand_b[dp.sel]))
         order = np.argsort(c, kind="stable")
         prof = FutureProfile(e.kv.capacity_tokens, len(c) + 1)
         prof.build(c[order], b[order])
-        ids = np.array(env._slots, np.int64)
-        assert np.array_equal(env._ok, prof.fits(env._cand_c[ids], env._cand_b[ids]))
-        compared += len(env._sel) > 0
+        ids = np.array(dp.slots, np.int64)
+        assert np.array_equal(dp.ok, prof.fits(dp.cand_c[ids], dp.cand_b[ids]))
+        compared += len(dp.sel) > 0
         _, _, term, trunc, _ = env.step(random_action(env, rng))
         if term or trunc:
             break
@@ -224,12 +231,14 @@ def test_future_mask_with_chosen_requests_equals_the_profile_rebuilt_from_scratc
 
 @pytest.mark.parametrize("scenario", ["jaillet-high", "wait-high"])
 def test_future_admission_with_oracle_lengths_never_overflows_under_forbid(scenario):
-    # random masked agents under MC-SF's test: the engine's forbid handler never fires
-    env = LLMSchedEnv(scenario, admission="future", overrides={**SMALL[scenario], "engine.overflow": "forbid"})
+    # random masked agents under MC-SF's test (whole prefills, no pausing): the engine's forbid
+    # handler never fires (it would raise); the only preemptions are the agent's own
+    env = LLMSchedEnv(scenario, admission="future", overrides={**SMALL[scenario], "engine.overflow": "forbid"},
+                      budgets=(None,))
     for seed in range(3):
         _, _, _, info = random_episode(env, np.random.default_rng(seed), seed=seed)
-        assert info["summary"]["preemptions"] == 0
         assert info["summary"]["kv_peak_frac"] <= 1.0
+        assert info["summary"]["n_completed"] == len(env.engine.workload)
 
 
 def test_current_admission_never_overflows_in_the_admitting_iteration():
@@ -244,10 +253,11 @@ def test_current_admission_never_overflows_in_the_admitting_iteration():
     env.reset(seed=0)
     checked = 0
     for _ in range(150):
-        for s in np.flatnonzero(env.action_masks()[:-1])[-2:]:
+        for s in np.flatnonzero(env.action_masks()[: env.K])[-2:]:
             engine = copy.deepcopy(env.engine)
             engine.config.overflow = "forbid"
-            engine.execute(BatchPlan.admit([*env._sel, env._slots[s]]))
+            dp = env.dp
+            engine.execute(BatchPlan(prefill={r: 0 for r in [*dp.sel, dp.slots[s]]}, preempt=list(dp.victims)))
             checked += 1
         _, _, term, trunc, _ = env.step(random_action(env, rng))
         if term or trunc:
@@ -259,20 +269,24 @@ def test_masks_are_fresh_arrays_and_launch_is_always_valid():
     env = LLMSchedEnv("jaillet-high", n_requests=80)
     _, info = env.reset(seed=0)
     m1, m2 = env.action_masks(), env.action_masks()
-    assert m1 is not m2 and m1.dtype == bool and m1[-1]
+    launch = slice(env.K, env.K + len(env.budgets))
+    assert m1 is not m2 and m1.dtype == bool and m1[launch].all()
     assert info["action_mask"].dtype == np.int8
     rng = np.random.default_rng(0)
     while True:
         m = env.action_masks()
-        assert m[-1] and m.any()
+        assert m[launch].all()
+        # the preempt actions are valid exactly while a running request is not chosen yet
+        assert m[-1] == m[-2] == (len(env.engine.running) > len(env.dp.victims))
         _, _, term, trunc, info = env.step(int(rng.choice(np.flatnonzero(m))))
-        assert info["action_mask"][-1] == 1
+        assert info["action_mask"][launch].all()
         if term or trunc:
             break
 
 
 def test_subset_mask_uses_sb3_contrib_multibinary_layout():
-    env = LLMSchedEnv(tiny([2, 2, 2], [1, 1, 1], capacity=5, emits=True), action_mode="subset", K=4)
+    env = LLMSchedEnv(tiny([2, 2, 2], [1, 1, 1], capacity=5, emits=True), action_mode="subset", K=4,
+                      admission="current")
     env.reset(seed=0)
     # each prefill needs 3 tokens: one fits, then only that one
     assert env.action_masks().reshape(4, 2).tolist() == [[1, 1], [1, 1], [1, 1], [1, 0]]
@@ -285,36 +299,45 @@ def test_subset_mask_uses_sb3_contrib_multibinary_layout():
 # invalid actions
 
 
-@pytest.mark.parametrize("bad", [7, -1, 1.5, np.array([0, 1])])
+MASK_TEXT = r"mask = \[1 0 0 0 1 1 1 1 1 1 1 1 0 0\]"
+
+
+@pytest.mark.parametrize("bad", [14, -1, 1.5, np.array([0, 1])])
 def test_bad_select_actions_raise_naming_the_action_and_the_mask(bad):
-    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4)
+    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4, invalid_action="raise")
     env.reset(seed=0)
-    with pytest.raises(InvalidActionError, match=r"action .*(masked|range|integer).*mask = \[1 0 0 0 1\]"):
+    with pytest.raises(InvalidActionError, match=r"action .*(masked|range|integer).*" + MASK_TEXT):
         env.step(bad)
 
 
 def test_masked_slot_raises_with_the_mask_in_the_message():
-    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4)
+    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4, invalid_action="raise")
     env.reset(seed=0)
-    with pytest.raises(InvalidActionError, match=r"action 2 is masked .*mask = \[1 0 0 0 1\]; valid actions: \[0, 4\]"):
+    with pytest.raises(InvalidActionError,
+                       match=r"action 2 is masked .*" + MASK_TEXT + r"; valid actions: \[0, 4, 5, 6, 7, 8, 9, 10, 11\]"):
         env.step(2)
+    # a preempt with nothing running is masked too
+    with pytest.raises(InvalidActionError, match="action 12 is masked"):
+        env.step(12)
 
 
 @pytest.mark.parametrize("mode,bad", [("subset", np.ones(3)), ("subset", np.array([0, 0, 0, 1])),
                                       ("priority", np.full(4, 2.0)), ("priority", np.zeros(2)),
                                       ("knob", np.array([np.nan, 0.0]))])
 def test_bad_vector_actions_raise(mode, bad):
-    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20), action_mode=mode, K=4)
+    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20), action_mode=mode, K=4, invalid_action="raise")
     env.reset(seed=0)
     with pytest.raises(InvalidActionError, match="action"):
         env.step(bad)
 
 
 def test_noop_turns_bad_actions_into_launch_and_counts_them():
-    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4, invalid_action="noop")
+    # the default: Gymnasium's convention that every action of the space is accepted
+    env = LLMSchedEnv(tiny([2, 2], [1, 1], capacity=20, arrival=[0.0, 1.0]), K=4, invalid_penalty=0.5)
     env.reset(seed=0)
-    _, _, _, _, info = env.step(3)  # empty slot: launch what is chosen (nothing): wait for t=1
+    _, r, _, _, info = env.step(3)  # empty slot: launch what is chosen (nothing): wait for t=1
     assert info["invalid_actions"] == 1 and info["clock_s"] == 1.0
+    assert r == pytest.approx(-1.0 - 0.5)  # one request-second waited, one invalid action
 
 
 # ---------------------------------------------------------------------------------------------
@@ -491,7 +514,7 @@ def test_flat_observation_is_the_concatenation():
     b = LLMSchedEnv("jaillet-high", n_requests=40, flat=True)
     oa, _ = a.reset(seed=3)
     ob, _ = b.reset(seed=3)
-    assert np.array_equal(np.concatenate([oa["queue"], oa["running"], oa["globals"]]), ob)
+    assert np.array_equal(np.concatenate([oa["queue"], oa["running"], oa["globals"], oa["budgets"]]), ob)
     assert ob in b.observation_space
 
 
@@ -536,10 +559,10 @@ def test_priority_admits_by_decreasing_score_and_never_below_zero():
 def test_shortest_order_shows_the_shortest_predicted_outputs_first():
     env = LLMSchedEnv(tiny([2, 2, 2, 2], [9, 3, 7, 1], capacity=100), order="shortest", K=4)
     env.reset(seed=0)
-    assert env._slots == [3, 1, 2, 0]
+    assert env.dp.slots == [3, 1, 2, 0]
     obs, *_ = env.step(0)
-    assert env._slots == [1, 2, 0]
-    assert obs["running"][11] > 0  # one request chosen for the batch being formed
+    assert env.dp.slots == [1, 2, 0]
+    assert obs["running"][R["selected"]] > 0  # one request chosen for the batch being formed
 
 
 def test_queue_features_carry_slo_slack_and_client_deficit():

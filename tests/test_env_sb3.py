@@ -28,12 +28,12 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize("flat", [False, True])
-@pytest.mark.parametrize("mode", ["select", "subset", "priority", "knob"])
+@pytest.mark.parametrize("mode", ["select", "subset", "priority", "knob", "meta", "tune"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_gymnasium_and_sb3_check_env_pass_without_warnings(scenario, mode, flat):
-    # the checkers step random unmasked actions: invalid_action="noop" launches instead of raising
-    env = gym.make(ENV_ID, scenario=scenario, action_mode=mode, flat=flat, invalid_action="noop",
-                   overrides=SCENARIOS[scenario])
+    # default arguments: the checkers step random unmasked actions, which the env accepts (a
+    # masked one is a counted no-op)
+    env = gym.make(ENV_ID, scenario=scenario, action_mode=mode, flat=flat, overrides=SCENARIOS[scenario])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         gym_check_env(env.unwrapped)
@@ -53,7 +53,7 @@ def test_dummy_and_subproc_vec_envs_with_vec_normalize_step_with_masks():
         venv = VecNormalize(vec_cls([make_thunk(), make_thunk()], **kwargs), norm_obs_keys=["running", "globals"])
         try:
             obs = venv.reset()
-            assert set(obs) == {"queue", "running", "globals"}
+            assert set(obs) == {"queue", "running", "globals", "budgets"}
             rng = np.random.default_rng(0)
             for _ in range(200):
                 masks = np.stack(venv.env_method("action_masks"))
@@ -68,7 +68,7 @@ def test_gymnasium_make_vec_runs():
     envs = gym.make_vec(ENV_ID, num_envs=2, vectorization_mode="sync", scenario="jaillet-high", K=8,
                         overrides={"workload.n_requests": 30})
     obs, infos = envs.reset(seed=0)
-    assert obs["queue"].shape == (2, 8 * 11)
+    assert obs["queue"].shape == (2, 8 * 12)
     for _ in range(50):
         masks = infos["action_mask"]
         actions = np.array([np.flatnonzero(m)[0] for m in masks])
@@ -97,6 +97,28 @@ def test_maskable_ppo_trains_and_evaluates_with_masks():
         torch.set_num_threads(threads)
     assert model.num_timesteps >= 2048
     assert np.isfinite(mean) and mean < 0
+
+
+@pytest.mark.parametrize("mode", ["select", "meta"])
+def test_plain_ppo_with_defaults_runs_and_logs_episode_returns(mode):
+    # unmasked PPO: invalid actions are no-ops; info["episode"] feeds SB3's ep_info_buffer
+    # (rollout/ep_rew_mean in TensorBoard) without a Monitor wrapper
+    from stable_baselines3 import PPO
+
+    env = gym.make(ENV_ID, scenario="jaillet-low", action_mode=mode, K=8, reward={"latency": 0.01},
+                   overrides={"workload.n_requests": 20})
+    model = PPO("MultiInputPolicy", env, n_steps=128, batch_size=64, n_epochs=1, seed=0,
+                policy_kwargs={"net_arch": [16]}, device="cpu")
+    model.learn(total_timesteps=512)
+    assert len(model.ep_info_buffer) > 0
+    ep = model.ep_info_buffer[-1]
+    assert ep["l"] > 0 and np.isfinite(ep["r"]) and ep["r"] < 0
+
+
+def test_registration_sets_a_step_limit():
+    assert gym.spec("LLMSched-v0").max_episode_steps == 1_000_000
+    env = gym.make(ENV_ID, scenario="jaillet-high", n_requests=10)
+    assert env.spec.max_episode_steps == 1_000_000
 
 
 def test_env_pickles_for_subprocesses():

@@ -10,6 +10,9 @@ from __future__ import annotations
 ENV_ID = "LLMSched-v0"
 GPU_ENV_ID = "LLMSchedGPU-v0"
 ENTRY_POINT = "llmsched_gym.env.llmsched_env:LLMSchedEnv"
+MAX_EPISODE_STEPS = 1_000_000
+"""The registered step limit: a safety net far above any scenario's episode (the engine's own
+horizon, iteration cap and loop detector end episodes first); ``max_episode_steps=`` overrides it."""
 
 
 def register_envs() -> None:
@@ -23,9 +26,9 @@ def register_envs() -> None:
     except ImportError:  # the GPU device image runs the simulator without gymnasium
         return
     if ENV_ID not in registry:
-        register(id=ENV_ID, entry_point=ENTRY_POINT)
+        register(id=ENV_ID, entry_point=ENTRY_POINT, max_episode_steps=MAX_EPISODE_STEPS)
     if GPU_ENV_ID not in registry:
-        register(id=GPU_ENV_ID, entry_point=ENTRY_POINT, nondeterministic=True,
+        register(id=GPU_ENV_ID, entry_point=ENTRY_POINT, nondeterministic=True, max_episode_steps=MAX_EPISODE_STEPS,
                  kwargs={"latency": "gpu:llama-3-8b"})
 
 
