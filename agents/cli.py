@@ -117,12 +117,12 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--name", default=None, help="run name (default SCENARIO-MODE-sSEED)")
     sp.add_argument("--out", default="runs/train")
     sp.add_argument("--algo", default=None, choices=["maskable-ppo", "ppo"],
-                    help="default: maskable-ppo, ppo for the priority/knob modes")
+                    help="default: maskable-ppo, ppo for the priority/knob/tune modes")
     sp.add_argument("--timesteps", type=int, default=None)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--n-envs", type=int, default=None)
     sp.add_argument("--vec", default="dummy", choices=["dummy", "subproc"])
-    sp.add_argument("--action-mode", default=None, choices=["select", "subset", "priority", "knob"])
+    sp.add_argument("--action-mode", default=None, choices=["select", "subset", "priority", "knob", "meta", "tune"])
     sp.add_argument("--admission", default=None, choices=["current", "future", "none"])
     sp.add_argument("--K", type=int, default=None, help="queue slots")
     sp.add_argument("--order", default=None, choices=["arrival", "shortest", "prompt", "deadline"],

@@ -2,9 +2,10 @@
 
 ``queue`` (K x F, or flattened slot by slot) goes through one per-slot MLP shared by every slot (Deep Sets); the slot
 embeddings are pooled by mean and max over the occupied slots, which is invariant to the order of
-the requests. ``running`` and ``globals`` get their own small MLPs. The features are::
+the requests. ``running`` and ``globals`` (with ``budgets``, the predicted batch time per launch budget, in
+``select`` mode) get their own small MLPs. The features are::
 
-    [ mean-pool | max-pool | running MLP | globals MLP | per-slot scores (K x slot_out) ]
+    [ mean-pool | max-pool | running MLP | globals(+budgets) MLP | per-slot scores (K x slot_out) ]
 
 The last block keeps a small projection of every slot in slot order so that the action head can
 point at a slot (``select``/``subset``/``priority`` modes need per-slot logits; a pooled vector
@@ -57,7 +58,10 @@ class QueueSetExtractor(BaseFeaturesExtractor):
             f = len(QUEUE_FEATURES)
             k = int(qshape[0]) // f
         n_run = int(observation_space["running"].shape[0])
+        self.has_budgets = "budgets" in observation_space.spaces
         n_glob = int(observation_space["globals"].shape[0])
+        if self.has_budgets:
+            n_glob += int(observation_space["budgets"].shape[0])
         d = slot_hidden[-1]
         c = context_hidden[-1]
         super().__init__(observation_space, features_dim=2 * d + 2 * c + k * slot_out)
@@ -75,7 +79,8 @@ class QueueSetExtractor(BaseFeaturesExtractor):
         mean = h.sum(1) / n
         # embeddings are >= 0 after ReLU, so zeroed empty slots never win the max
         mx = h.max(1).values
-        parts = [mean, mx, self.running(obs["running"]), self.globals(obs["globals"])]
+        g = torch.cat([obs["globals"], obs["budgets"]], dim=1) if self.has_budgets else obs["globals"]
+        parts = [mean, mx, self.running(obs["running"]), self.globals(g)]
         if self.slot_score is not None:
             parts.append((self.slot_score(h) * occupied).flatten(1))
         return torch.cat(parts, dim=1)

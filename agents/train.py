@@ -114,7 +114,7 @@ def _number(key: str, value: Any, integer: bool) -> float | int:
 
 
 def default_algo(action_mode: str) -> str:
-    return "ppo" if action_mode in ("priority", "knob") else "maskable-ppo"
+    return "ppo" if action_mode in ("priority", "knob", "tune") else "maskable-ppo"
 
 
 def load_hyperparams(scenario: str, algo: str, path: str | None = None) -> dict[str, Any]:
@@ -135,8 +135,8 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.algo is None and default_algo(mode) != algo:  # the file's mode decides when none was given
         algo = default_algo(mode)
         hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file)
-    if algo == "maskable-ppo" and mode not in ("select", "subset"):
-        raise ValueError(f"algo: maskable-ppo needs action_mode select or subset, got {mode!r} (use --algo ppo)")
+    if algo == "maskable-ppo" and mode not in ("select", "subset", "meta"):
+        raise ValueError(f"algo: maskable-ppo needs action_mode select, subset or meta, got {mode!r} (use --algo ppo)")
     hp = _merge(hp, cfg.hyperparams)
     hp["env_kwargs"] = _merge(hp.get("env_kwargs", {}), {k: v for k, v in cfg.env_kwargs.items() if v is not None})
     hp["env_kwargs"]["overrides"] = {**hp["env_kwargs"].get("overrides", {}), **cfg.overrides}
@@ -192,6 +192,10 @@ class _TrainingWorkloads:
         return SeedSequenceWrapper(make_env(scenario, env_kwargs))
 
 
+MAX_INEXPRESSIBLE = 0.01
+"""Behaviour cloning refuses a teacher with more inexpressible plans than this fraction."""
+
+
 def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, episodes: int, seed_base: int
                            ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict[str, float]]:
     """Observations, masks and actions of ``policy`` driving the env through ``expert_action``
@@ -202,12 +206,19 @@ def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, 
     masks: list[np.ndarray] = []
     acts: list[Any] = []
     e2e: list[float] = []
+    inexpressible, first_reason = 0, ""
     for ep in range(episodes):
         obs, _ = env.reset(seed=seed_base + ep)
         done = False
         while not done:
-            # a plan the action mode cannot express (e.g. a request beyond the K slots) becomes launch
-            a = base.expert_action(strict=False)
+            # a plan the action mode cannot express (e.g. a request beyond the K slots) becomes
+            # the launch action; more than MAX_INEXPRESSIBLE of them and the teacher is refused
+            try:
+                a = base.expert_action(strict=True)
+            except ValueError as err:
+                inexpressible += 1
+                first_reason = first_reason or str(err)
+                a = base.fallback_action()
             obs_l.append(obs)
             masks.append(base.action_masks())
             acts.append(a)
@@ -215,8 +226,15 @@ def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, 
             done = term or trunc
         e2e.append(info["summary"]["e2e_s"]["mean"])
     env.close()
+    frac = inexpressible / max(len(acts), 1)
+    if frac > MAX_INEXPRESSIBLE:
+        name = policy if isinstance(policy, str) else policy.get("name")
+        raise ValueError(f"bc.from: {name} cannot be cloned in action_mode={env_kwargs.get('action_mode', 'select')!r}: "
+                         f"{inexpressible} of {len(acts)} plans ({frac:.1%}) are inexpressible, more than "
+                         f"{MAX_INEXPRESSIBLE:.0%}; first: {first_reason}")
     obs_arr = {k: np.stack([o[k] for o in obs_l]) for k in obs_l[0]}
-    return obs_arr, np.stack(masks), np.asarray(acts), {"expert_e2e_mean_s": float(np.mean(e2e)), "steps": len(acts)}
+    return obs_arr, np.stack(masks), np.asarray(acts), {"expert_e2e_mean_s": float(np.mean(e2e)), "steps": len(acts),
+                                                          "inexpressible_frac": frac}
 
 
 def behaviour_clone(model: Any, vecnorm: Any, obs: dict[str, np.ndarray], masks: np.ndarray, actions: np.ndarray,

@@ -86,7 +86,7 @@ def test_hyperparams_pick_ppo_for_priority_and_reject_maskable_knob():
     assert hp["algo"] == "ppo" and hp["env_kwargs"]["action_mode"] == "priority"
     hp = resolve(TrainConfig(scenario="jaillet-high"))
     assert hp["algo"] == "maskable-ppo" and hp["env_kwargs"]["overrides"]["workload.n_requests"] == 500
-    with pytest.raises(ValueError, match="maskable-ppo needs action_mode select or subset"):
+    with pytest.raises(ValueError, match="maskable-ppo needs action_mode select, subset or meta"):
         resolve(TrainConfig(algo="maskable-ppo", env_kwargs={"action_mode": "knob"}))
     with pytest.raises(ValueError, match="hyperparams: unknown key 'n_stepz'"):
         resolve(TrainConfig(hyperparams={"n_stepz": 3}))
@@ -130,7 +130,8 @@ def test_tiny_agent_trains_saves_reloads_and_serves_every_request_with_masks(tin
     agent.act = act  # type: ignore[method-assign]
     env = make_env("jaillet-low", {k: v for k, v in agent.env_kwargs.items() if k != "overrides"}, SMALL)
     summary, requests, iterations = run_episode(agent, env, seed=100)
-    assert seen and all(m is not None and m.dtype == bool and m[-1] for m in seen)
+    k = agent.env_kwargs.get("K", 16)
+    assert seen and all(m is not None and m.dtype == bool and m[k] for m in seen)  # launch always valid
     assert summary["n_arrived"] == 120 == summary["n_completed"]
     assert len(requests["e2e_s"]) == 120 and len(iterations["kv_used"]) == summary["iterations"]
 
