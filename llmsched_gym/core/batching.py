@@ -117,7 +117,18 @@ class BatchBuilder:
         """Phase 1: decodes in admission order while the budget lasts; the rest are paused.
 
         With ``preempt`` a decode that lacks a block preempts the newest running request (vLLM's
-        rule, the request itself last), as Sarathi does; without it the blocks are only counted."""
+        rule, the request itself last), as Sarathi does; without it nothing is preempted and
+        ``free`` is left as it is (the caller admits without checking)."""
+        view, running = self.view, self.running
+        if not preempt:
+            if view.n_in_prefill == 0 and not self._gone:
+                n_dec = self.n
+            else:
+                prefilled, target = view.prefilled, view.prefill_target
+                n_dec = sum(1 for r in running if prefilled[r] >= target[r])
+            if self.budget >= n_dec:
+                self.budget -= n_dec
+                return
         view, running = self.view, self.running
         prefilled, target = view.prefilled, view.prefill_target
         n, free, budget = self.n, self.free, self.budget
@@ -142,6 +153,8 @@ class BatchBuilder:
     def continue_prefills(self) -> None:
         """Phase 2: unfinished prefills get their next chunk, in admission order."""
         view = self.view
+        if view.n_in_prefill == 0:
+            return
         prefilled, target, kvt = view.prefilled, view.prefill_target, view.kv_tokens
         for rid in self.running[: self.n]:
             if self.budget <= 0:

@@ -73,6 +73,8 @@ class EngineView:
     ``waiting``               list of waiting ids, in queue order (arrival order; a
                               preempted request re-enters at the head, as in vLLM)
     ``running``               list of running ids, in admission order (newest last)
+    ``n_in_prefill``          running requests whose prefill is unfinished (chunked)
+    ``waiting_tokens``        prompt tokens the waiting requests still have to prefill
     ``workload``              the :class:`Workload` (true lengths: oracle policies only)
     ``prompt_tokens``         prompt length per request
     ``predicted_output``      the output length a non-oracle policy may use
@@ -116,6 +118,14 @@ class EngineView:
     @property
     def waiting(self) -> list[int]:
         return self._e.waiting
+
+    @property
+    def n_in_prefill(self) -> int:
+        return self._e.n_in_prefill
+
+    @property
+    def waiting_tokens(self) -> int:
+        return self._e.waiting_tokens
 
     @property
     def running(self) -> list[int]:

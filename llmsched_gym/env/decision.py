@@ -84,6 +84,7 @@ class DecisionPoint:
         self.sel_set: set[int] = set()
         self.victims: list[int] = []
         self.sel_tokens = 0
+        self.arrays = None
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prefill target, remaining output or swap state changed."""
@@ -116,13 +117,14 @@ class DecisionPoint:
         self.residents_ok = False
         self.profile_ok = False
         self.row_upto = self.room_upto = 0
+        self.arrays = None
         running = e.running
         growth = 0
         if running:
             if self.bs == 1 and not e.n_in_prefill:
                 growth = len(running)
             else:
-                growth = sum(self.growth(r) for r in running)
+                growth = int(self.running_arrays()[4].sum())
         self.free = self.cap_blocks - e.kv.used_blocks - growth
         w = e.waiting
         if not w:
@@ -147,6 +149,26 @@ class DecisionPoint:
         slots = self.queue[: self.K]
         self.qpos = len(slots)
         self.fill_slots(slots)
+
+    def running_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The surviving running requests as arrays (cached until a preemption is chosen): ids, KV
+        tokens, unfinished-prefill mask, prompt tokens still owed, blocks each adds next iteration."""
+        if self.arrays is None:
+            run = np.array(self.survivors(), np.int64)
+            kvt = self.kvt[run]
+            bs = self.bs
+            if self.e.n_in_prefill:
+                left = self.target[run] - self.prefilled[run]
+                mid = left > 0
+                # blocks(x) = -(-x // bs): an unfinished prefill adds blocks(KV + owed + emitted)
+                # - blocks(KV), a decode a block when its last one is full
+                grow = np.where(mid, -(-(kvt + left + self.emit) // bs) + (-kvt // bs), kvt % bs == 0)
+            else:
+                left = np.zeros(len(run), np.int64)
+                mid = left > 0
+                grow = (kvt % bs == 0).astype(np.int64)
+            self.arrays = (run, kvt, mid, left, grow)
+        return self.arrays
 
     def growth(self, rid: int) -> int:
         """Blocks running request ``rid`` adds in the next iteration if it runs: a decode's new
@@ -232,6 +254,7 @@ class DecisionPoint:
         freed = -(-int(self.kvt[rid]) // self.bs) + self.growth(rid)
         self.free += freed
         self.released += freed
+        self.arrays = None
         self.residents_ok = False
         self.profile_ok = False
         self.room_upto = 0
@@ -271,12 +294,9 @@ class DecisionPoint:
             return
         self.residents_ok = True
         e = self.e
-        run = np.array(self.survivors(), np.int64)
-        kv = self.kvt[run]
+        run, kv, mid, left, _ = self.running_arrays()
         rem = np.maximum(self.pred[run] - self.gen[run], 1)
         if e.n_in_prefill:  # an unfinished prefill is a line like a candidate's (see cand_c, cand_b)
-            left = self.target[run] - self.prefilled[run]
-            mid = left > 0
             kv = np.where(mid, kv + left + self.emit - 1, kv)
             rem = np.where(mid, rem + 1 - self.emit, rem)
         self.n_run = len(run)

@@ -446,35 +446,17 @@ class LLMSchedEnv(gym.Env):
 
     def prefill_state(self) -> tuple[int, int]:
         """Unfinished prefills among the surviving running requests: count and tokens owed."""
-        e = self.engine
-        tgt, pf = e.prefill_target, e.prefilled
-        mid = owed = 0
-        for r in self.dp.survivors():
-            left = int(tgt[r] - pf[r])
-            if left > 0:
-                mid += 1
-                owed += left
-        return mid, owed
+        _, _, mid, left, _ = self.dp.running_arrays()
+        return int(np.count_nonzero(mid)), int(left.sum())
 
     def batch_shape(self) -> tuple[int, int, int, int, int]:
         """Decodes and their context, unfinished prefills, tokens owed and their context (now)."""
-        e = self.engine
-        tgt, pf, kvt = e.prefill_target, e.prefilled, e.kv_tokens
-        run = self.dp.survivors()
-        if not e.n_in_prefill:
-            ids = np.array(run, np.int64)
-            return len(run), int(kvt[ids].sum()) if len(run) else 0, 0, 0, 0
-        n_dec = dec_ctx = mid = owed = mid_ctx = 0
-        for r in run:
-            left = int(tgt[r] - pf[r])
-            if left > 0:
-                mid += 1
-                owed += left
-                mid_ctx += int(pf[r])
-            else:
-                n_dec += 1
-                dec_ctx += int(kvt[r])
-        return n_dec, dec_ctx, mid, owed, mid_ctx
+        run, kvt, mid, left, _ = self.dp.running_arrays()
+        if not self.engine.n_in_prefill:
+            return len(run), int(kvt.sum()), 0, 0, 0
+        dec = ~mid
+        return (int(np.count_nonzero(dec)), int(kvt[dec].sum()), int(np.count_nonzero(mid)), int(left.sum()),
+                int(self.engine.prefilled[run[mid]].sum()))
 
     # ------------------------------------------------------------------------------------------
     # gymnasium API

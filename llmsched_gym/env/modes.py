@@ -102,6 +102,7 @@ class SelectMode(Mode):
         self.launch0 = self.K
         self.preempt0 = self.K + self.B
         self._tail_launch = np.ones(self.B, bool)
+        self._mask_key: tuple | None = None
         self._false = np.zeros(self.K, bool)
 
     @property
@@ -110,8 +111,12 @@ class SelectMode(Mode):
 
     def masks(self) -> np.ndarray:
         dp = self.dp
-        can = len(self.env.engine.running) > len(dp.victims)
-        return np.concatenate((dp.ok, self._false[: self.K - len(dp.slots)], self._tail_launch, (can, can)))
+        key = (self.env._episode, dp.bid, len(dp.sel), len(dp.victims))
+        if key != self._mask_key:  # unchanged until the batch being formed changes
+            self._mask_key = key
+            can = len(self.env.engine.running) > len(dp.victims)
+            self._mask = np.concatenate((dp.ok, self._false[: self.K - len(dp.slots)], self._tail_launch, (can, can)))
+        return self._mask.copy()
 
     def step(self, action) -> None:
         if type(action) is not int and isinstance(action, np.ndarray | np.integer) \

@@ -186,7 +186,10 @@ class ObservationBuilder:
         st[:-1, Q["task_class"]] = wl.task_class
         st[:-1, Q["slo_slack"]] = 1.0
         self.rows = st
-        self.bt_key = None
+        self.bt_key = self.run_key = self.glob_key = None
+        big = np.iinfo(np.int64).max // 4  # the unlimited budget
+        if self.budgets:
+            self.budget_list = [big if b is None else b for b in self.budgets]
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prompt (+ generated tokens) and remaining output changed."""
@@ -231,71 +234,87 @@ class ObservationBuilder:
 
     def _running(self, env) -> np.ndarray:
         e, dp = self.e, self.dp
-        dp.residents()
-        r = np.zeros(len(RUNNING_FEATURES), np.float32)
+        key = (dp.bid, len(dp.victims))
+        if key != self.run_key:  # the running requests' part is constant while a batch forms
+            self.run_key = key
+            dp.residents()
+            r = np.zeros(len(RUNNING_FEATURES), np.float32)
+            if dp.n_run:
+                r[R["count"]] = math.log1p(dp.n_run) * self.inv_log_cap
+                r[R["kv_used"]] = min((e.kv.used_blocks - dp.released) / dp.cap_blocks, 2.0)
+                r[_HIST] = dp.run_hist * (1.0 / dp.n_run)
+                r[R["future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
+            if e.n_in_prefill:
+                mid, owed = env.prefill_state()
+                r[R["prefilling"]] = math.log1p(mid) * self.inv_log_cap
+                r[R["prefill_owed"]] = self.log_tokens(owed)
+            if dp.victims:
+                r[R["preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
+            self.run_obs = r
         n_sel = len(dp.sel)
+        if not n_sel:
+            return self.run_obs.copy()
+        r = self.run_obs.copy()
         n_res = dp.n_run + n_sel
-        if n_res:
-            r[R["count"]] = math.log1p(n_res) * self.inv_log_cap
-            r[R["kv_used"]] = min((e.kv.used_blocks - dp.released + dp.sel_blocks) / dp.cap_blocks, 2.0)
-            hist = dp.run_hist_list
-            if n_sel:
-                hist = [a + b for a, b in zip(hist, dp.sel_hist, strict=True)]
-            inv = 1.0 / n_res
-            r[_HIST] = [h * inv for h in hist]
-        if dp.n_run:
-            r[R["future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
-        if n_sel:
-            r[R["selected"]] = math.log1p(n_sel) * self.inv_log_cap
-        if e.n_in_prefill:
-            mid, owed = env.prefill_state()
-            r[R["prefilling"]] = math.log1p(mid) * self.inv_log_cap
-            r[R["prefill_owed"]] = self.log_tokens(owed)
-        if dp.victims:
-            r[R["preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
+        r[R["count"]] = math.log1p(n_res) * self.inv_log_cap
+        r[R["kv_used"]] = min((e.kv.used_blocks - dp.released + dp.sel_blocks) / dp.cap_blocks, 2.0)
+        inv = 1.0 / n_res
+        r[_HIST] = [(a + b) * inv for a, b in zip(dp.run_hist_list, dp.sel_hist, strict=True)]
+        r[R["selected"]] = math.log1p(n_sel) * self.inv_log_cap
         return r
 
     def _globals(self, env) -> np.ndarray:
         e, dp = self.e, self.dp
-        now = e.clock
-        g = np.empty(len(GLOBAL_FEATURES), np.float32)
-        recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
-        g[G["kv_used"]] = min(e.kv.used_blocks / dp.cap_blocks, 2.0)
+        if dp.bid != self.glob_key:  # all but the queue length and backlog are constant while a batch forms
+            self.glob_key = dp.bid
+            now = e.clock
+            g = np.empty(len(GLOBAL_FEATURES), np.float32)
+            recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
+            g[G["kv_used"]] = min(e.kv.used_blocks / dp.cap_blocks, 2.0)
+            g[G["arrival_rate"]] = math.log1p(recent) * self.inv_log_n
+            g[G["since_batch"]] = self.log_time(now - env.last_admit_s)
+            g[G["last_iteration"]] = self.log_time(env.last_iter_s)
+            g[G["arrived"]] = e.next_idx / self.n
+            g[G["last_prefill_tokens"]] = self.log_tokens(env.last_prefill_tokens)
+            g[G["last_decode_tokens"]] = self.log_tokens(env.last_decode_tokens)
+            b = env.last_budget
+            g[G["budget"]] = 2.0 if b is None else self.log_tokens(b)
+            g[G["stall"]] = self.log_time(now - min(env.stalled.values())) if env.stalled else 0.0
+            self.glob = g
+        g = self.glob.copy()
         g[G["queue_len"]] = math.log1p(len(e.waiting) - len(dp.sel)) * self.inv_log_n
-        g[G["arrival_rate"]] = math.log1p(recent) * self.inv_log_n
-        g[G["since_batch"]] = self.log_time(now - env.last_admit_s)
-        g[G["last_iteration"]] = self.log_time(env.last_iter_s)
-        g[G["arrived"]] = e.next_idx / self.n
-        g[G["last_prefill_tokens"]] = self.log_tokens(env.last_prefill_tokens)
-        g[G["last_decode_tokens"]] = self.log_tokens(env.last_decode_tokens)
-        b = env.last_budget
-        g[G["budget"]] = 2.0 if b is None else self.log_tokens(b)
         g[G["backlog"]] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
-        g[G["stall"]] = self.log_time(now - min(env.stalled.values())) if env.stalled else 0.0
         return g
 
     def _batch_times(self, env) -> np.ndarray:
         """Predicted duration of the next batch for each launch budget (the latency model's
-        estimate: decodes first, then unfinished prefills and the chosen requests' prompts)."""
+        estimate: decodes first, then unfinished prefills and the chosen requests' prompts, each
+        chunk that the budget reaches counted once)."""
         dp = self.dp
-        key = (dp.bid, len(dp.sel), len(dp.victims))
-        if key == self.bt_key:
-            return self.bt.copy()
-        self.bt_key = key
-        out = np.zeros(len(self.budgets), np.float32)
+        key = (dp.bid, len(dp.victims))
+        if key != self.bt_key:  # a new boundary or a preemption: start over
+            self.bt_key = key
+            self.bt = np.zeros(len(self.budgets), np.float32)
+            self.bt_p = [-1] * len(self.budgets)
+            if self.timed:
+                n_dec, dec_ctx, mid, owed, mid_ctx = self.shape = env.batch_shape()
+                self.bt_d = [min(b, n_dec) for b in self.budget_list]
+                self.bt_room = [max(b - d, 0) for b, d in zip(self.budget_list, self.bt_d, strict=True)]
         if self.timed:
-            n_dec, dec_ctx, mid, owed, mid_ctx = env.batch_shape()
-            lat = self.e.latency
+            n_dec, dec_ctx, mid, owed, mid_ctx = self.shape
             want = owed + dp.sel_tokens
-            chunks = mid + len(dp.sel)
-            inv = 1.0 / n_dec if n_dec else 0.0
-            for j, b in enumerate(self.budgets):
-                d = n_dec if b is None or b >= n_dec else b
-                p = want if b is None else max(min(b - d, want), 0)
-                t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
-                out[j] = self.log_time(t)
-        self.bt = out
-        return out.copy()
+            old = self.bt_p
+            lat = None
+            for j, room in enumerate(self.bt_room):
+                p = room if room < want else want
+                if p != old[j]:  # a saturated budget reaches no further chunk: only the others change
+                    old[j] = p
+                    if lat is None:
+                        lat, chunks, inv = self.e.latency, mid + len(dp.sel), (1.0 / n_dec if n_dec else 0.0)
+                    d = self.bt_d[j]
+                    t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
+                    self.bt[j] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+        return self.bt.copy()
 
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
         """The boundary-dependent queue features of requests ``ids`` (constant while a batch forms)."""
