@@ -77,14 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[1/2] training MaskablePPO on {args.scenario} ({timesteps} steps, {train_n}-request episodes)")
     meta = train(TrainConfig(
         scenario=args.scenario, name="train", out=args.out, timesteps=timesteps,
-        env_kwargs={"action_mode": "select", "admission": "current"},
+        env_kwargs={"action_mode": "select"},
         overrides={"workload.n_requests": train_n},
         # small steps keep PPO near the cloned start (at 3e-4 it drifts into launching early)
         hyperparams={"n_steps": 256, "batch_size": 128, "n_epochs": 2} if quick else
         {"learning_rate": 5e-5, "clip_range": 0.1},
-        # a cloned FCFS start: an untrained policy that launches early serialises the requests, and
-        # its episodes (one step per iteration) grow to tens of thousands of steps
-        bc_from="fcfs", bc_episodes=2, bc_epochs=10,
+        # a cloned Sarathi start (the default mode expresses its chunked batches exactly): an
+        # untrained policy that launches early serialises the requests, and its episodes (one step
+        # per iteration) grow to tens of thousands of steps
+        bc_from="sarathi", bc_episodes=2, bc_epochs=10,
         checkpoint_every=max(timesteps // 4, 256), score_every=4 if not quick else 2, progress=not quick,
     ))
     print(f"      {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s; "

@@ -304,16 +304,18 @@ class ObservationBuilder:
             n_dec, dec_ctx, mid, owed, mid_ctx = self.shape
             want = owed + dp.sel_tokens
             old = self.bt_p
-            lat = None
+            done: dict[tuple[int, int], float] = {}  # budgets the batch does not fill share a value
             for j, room in enumerate(self.bt_room):
                 p = room if room < want else want
                 if p != old[j]:  # a saturated budget reaches no further chunk: only the others change
                     old[j] = p
-                    if lat is None:
-                        lat, chunks, inv = self.e.latency, mid + len(dp.sel), (1.0 / n_dec if n_dec else 0.0)
                     d = self.bt_d[j]
-                    t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
-                    self.bt[j] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+                    v = done.get((p, d))
+                    if v is None:
+                        chunks, inv = mid + len(dp.sel), (1.0 / n_dec if n_dec else 0.0)
+                        t = self.e.latency.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
+                        v = done[(p, d)] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+                    self.bt[j] = v
         return self.bt.copy()
 
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
