@@ -26,10 +26,10 @@ from llmsched_gym.env.actions import (
 )
 from llmsched_gym.env.admission import ADMISSION_RULES
 from llmsched_gym.env.decision import ORDERS, DecisionPoint
-from llmsched_gym.env.modes import MODES, Inexpressible, plan_admissions
+from llmsched_gym.env.experts import ExpertReplay
+from llmsched_gym.env.modes import MODES
 from llmsched_gym.env.reward import RewardTracker, parse_weights
 
-HOOKS = ("on_arrival", "on_tokens", "on_prefill", "on_preempt", "on_finish")
 ENGINE_POLICIES = ("fcfs", "sjf", "srpt", "sarathi", "vllm-v1", "vllm-v0")
 """The engine policies every ``meta`` mode offers by default."""
 PAPER_POLICIES = {
@@ -303,8 +303,7 @@ class LLMSchedEnv(gym.Env):
         self._expert: Scheduler | None = None
         self.set_expert(expert)
         self._tracker = RewardTracker(self.weights)
-        self._others: dict[str, Scheduler] = {}
-        self._plan_cache: tuple[int, int, BatchPlan] | None = None
+        self._experts = ExpertReplay(self)
         self._history: list[tuple[float, float, int]] = []
         self.engine: Engine | None = None
         self._ended = True
@@ -348,21 +347,11 @@ class LLMSchedEnv(gym.Env):
         pauses, chunks); ``subset``: its admitted slots; ``priority``: decreasing positive scores in
         its admission order, -1 elsewhere; ``meta``: its index among the candidates. A plan the
         mode cannot express raises ``ValueError`` naming the policy and the reason when
-        ``strict``, else becomes the launch action with the last budget (``subset``: nothing,
-        ``priority``: all -1). ``knob`` and ``tune`` have no translation.
+        ``strict``, else becomes :meth:`fallback_action`. ``knob`` and ``tune`` have no translation.
         """
         if self._ended:
             raise RuntimeError("expert_action(): the episode has ended; call reset()")
-        pol = self._resolve(policy)
-        try:
-            if self.mode == "meta":
-                return self._mode.expert(pol, None)
-            return self._mode.expert(pol, self._expert_plan(pol))
-        except Inexpressible as err:
-            if strict or self.mode in ("knob", "tune", "meta"):
-                raise ValueError(f"expert_action(): {pol.name}'s plan cannot be expressed in {self.mode} mode: "
-                                 f"{err}") from None
-            return self.fallback_action()
+        return self._experts.action(policy, strict)
 
     def fallback_action(self):
         """The launch action of the current mode (what an inexpressible expert plan becomes)."""
@@ -372,41 +361,8 @@ class LLMSchedEnv(gym.Env):
             return np.zeros(self.K, np.int8)
         return np.full(self.K, -1.0, np.float32)
 
-    def _resolve(self, policy) -> Scheduler:
-        if policy is None or policy is self._expert:
-            if self._expert is None:
-                raise ValueError("expert_action(): no policy given and no expert attached (expert=...)")
-            return self._expert
-        if isinstance(policy, Scheduler):
-            pol = policy
-        else:
-            key = repr(policy)
-            pol = self._others.get(key)
-            if pol is None:
-                from llmsched_gym.sim import make_policy
-
-                pol = self._others[key] = make_policy(policy)
-        stateful = [h for h in HOOKS if type(pol).wants(h)]
-        if stateful:
-            raise ValueError(
-                f"expert_action(): {pol.name} uses engine hooks ({', '.join(stateful)}); attach it with "
-                "expert=... (or set_expert() before reset) so it sees the whole episode"
-            )
-        if getattr(pol, "_env_episode", None) != self._episode:
-            pol.reset(self.engine.config, np.random.default_rng([self._episode_seed, 17]))
-            pol._env_episode = self._episode  # type: ignore[attr-defined]
-        return pol
-
-    def _expert_plan(self, pol: Scheduler) -> BatchPlan:
-        key = (id(pol), self.dp.bid)
-        if self._plan_cache is not None and self._plan_cache[:2] == key:
-            return self._plan_cache[2]
-        plan = pol.schedule(self.engine.view)
-        self._plan_cache = (*key, plan)
-        return plan
-
     # ------------------------------------------------------------------------------------------
-    # batches: formed by the shared builder, compared as keys
+    # batches: formed by the shared builder
     def form(self, budget: int | None, admit: list[int]) -> BatchPlan:
         """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry)."""
         b = BatchBuilder(self.engine.view, budget, reserve=False, preempted=self.dp.victims)
@@ -417,32 +373,6 @@ class LLMSchedEnv(gym.Env):
         plan = b.plan()
         plan.hold = False
         return plan
-
-    def plan_admissions(self, plan: BatchPlan) -> list[int]:
-        """Waiting requests ``plan`` admits, in its order; raises Inexpressible for what no slot
-        mode can do (idling while requests run, skipping decodes)."""
-        e = self.engine
-        if plan.idle and (e.running or plan.prefill):
-            raise Inexpressible("it idles while requests run (no action pauses every request)")
-        if not plan.decode and (e.running or plan.prefill):
-            raise Inexpressible("it runs a prefill-only batch (decode=False)")
-        return plan_admissions(e, plan)
-
-    def plan_key(self, plan: BatchPlan) -> tuple:
-        """What a plan does, independent of how it spells it: chunks (-1: the whole rest), paused
-        requests, preemptions."""
-        e = self.engine
-        view = e.view
-        chunks = []
-        for rid, c in plan.prefill.items():
-            whole = int(e.prefill_target[rid]) - (view.prefix_match(rid) if e.state[rid] == WAITING
-                                                  else int(e.prefilled[rid]))
-            chunks.append((int(rid), -1 if c == 0 or c >= whole else int(c)))
-        return tuple(chunks), frozenset(int(r) for r in plan.pause), tuple(int(r) for r in plan.preempt)
-
-    def describe(self, plan: BatchPlan) -> str:
-        ch, pause, pre = self.plan_key(plan)
-        return f"prefill {list(ch)}, {len(pause)} paused, preempt {list(pre)}"
 
     def prefill_state(self) -> tuple[int, int]:
         """Unfinished prefills among the surviving running requests: count and tokens owed."""
@@ -476,7 +406,7 @@ class LLMSchedEnv(gym.Env):
         if self._tracker.has_slo:
             self._zeros["slo_online"] = self._zeros["slo_offline"] = 0.0
         self._n_invalid = 0
-        self._plan_cache = None
+        self._experts.plan_cache = None
         self._history = []
         self._summary: dict[str, Any] | None = None
         self._terminated = False

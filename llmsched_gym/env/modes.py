@@ -10,12 +10,10 @@ the others (:meth:`Mode.between`) and how a policy's plan becomes an action
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from llmsched_gym.core.batching import BatchBuilder
-from llmsched_gym.core.engine import WAITING
 from llmsched_gym.core.scheduler import BatchPlan, Scheduler
 from llmsched_gym.env.actions import (
     KNOBS,
@@ -29,13 +27,10 @@ from llmsched_gym.env.actions import (
     select_size,
     tune_values,
 )
+from llmsched_gym.env.experts import Inexpressible, describe, plan_admissions, plan_key
 
 if TYPE_CHECKING:
     from llmsched_gym.env.llmsched_env import LLMSchedEnv
-
-
-class Inexpressible(ValueError):
-    """A policy's plan that the action mode cannot express (the message says why)."""
 
 
 class Mode:
@@ -76,7 +71,7 @@ class Mode:
         env = self.env
         if plan.preempt:
             raise Inexpressible(f"it preempts {list(plan.preempt)} (only select mode has preempt actions)")
-        admitted = env.plan_admissions(plan)
+        admitted = plan_admissions(env, plan)
         slot_of = {r: i for i, r in enumerate(self.dp.slots)}
         missing = [r for r in admitted if r not in slot_of]
         if missing:
@@ -84,7 +79,7 @@ class Mode:
         masked = [slot_of[r] for r in admitted if not self.dp.ok[slot_of[r]]]
         if masked:
             raise Inexpressible(f"slots {masked} are masked by admission={self.dp.admission!r}")
-        if env.plan_key(plan) != env.plan_key(env.form(env.budget, admitted)):
+        if plan_key(env, plan) != plan_key(env, env.form(env.budget, admitted)):
             raise Inexpressible(f"its batch is not the one admitting {admitted} forms with budget={env.budget}")
         return admitted
 
@@ -151,7 +146,7 @@ class SelectMode(Mode):
                     return self.preempt0 + j
             raise Inexpressible(f"it preempts request {v}, neither the newest running request nor the one "
                                 "with the longest predicted remaining output")
-        admitted = env.plan_admissions(plan)
+        admitted = plan_admissions(env, plan)
         if admitted[: len(dp.sel)] != dp.sel:
             raise Inexpressible(f"the batch being formed chose {dp.sel}, the plan admits {admitted}")
         if len(admitted) > len(dp.sel):
@@ -164,11 +159,11 @@ class SelectMode(Mode):
                 raise Inexpressible(f"request {rid} (slot {s}) is masked by admission={dp.admission!r}"
                                     + (f", max_num_seqs={dp.max_num_seqs}" if dp.max_num_seqs else ""))
             return s
-        key = env.plan_key(plan)
+        key = plan_key(env, plan)
         for j, b in enumerate(self.budgets):
-            if env.plan_key(env.form(b, dp.sel)) == key:
+            if plan_key(env, env.form(b, dp.sel)) == key:
                 return self.launch0 + j
-        raise Inexpressible(f"no launch budget in {list(self.budgets)} forms its batch ({env.describe(plan)})")
+        raise Inexpressible(f"no launch budget in {list(self.budgets)} forms its batch ({describe(env, plan)})")
 
 
 class SubsetMode(Mode):
@@ -333,10 +328,4 @@ class TuneMode(PolicyMode):
 MODES: dict[str, type[Mode]] = {m.name: m for m in (SelectMode, SubsetMode, PriorityMode, KnobMode, MetaMode, TuneMode)}
 
 
-def plan_admissions(engine: Any, plan: BatchPlan) -> list[int]:
-    """Waiting requests ``plan`` admits, in its order."""
-    state = engine.state
-    return [int(r) for r in plan.prefill if state[r] == WAITING]
-
-
-__all__ = ["MODES", "BatchBuilder", "Inexpressible", "Mode", "plan_admissions"]
+__all__ = ["MODES", "Mode"]
