@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.env.actions import DEFAULT_BUDGETS
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
 
 
 def random_masked_action(env: LLMSchedEnv, rng: np.random.Generator):
     """A uniformly random valid action of ``env``'s mode."""
     mask = env.action_masks()
-    if env.mode == "select":
+    if env.mode in ("select", "meta"):
         valid = mask.nonzero()[0]
         return int(valid[int(rng.random() * len(valid))])
     if env.mode == "subset":
@@ -39,12 +40,13 @@ FUZZ_VARIANTS: tuple[dict[str, Any], ...] = (
     {"workload.predictor": {"type": "noisy", "x": 0.5}},
     {"workload.predictor": {"type": "bucketed", "edges": [16, 64, 256, 1024, 4096]}},
 )
+FUZZ_BUDGETS: tuple[tuple, ...] = ((None,), DEFAULT_BUDGETS, (256, 32), (None, 16))
 FUZZ_SIZES = {"echo-hybrid": {"workload.n_requests": 15, "workload.classes.offline.n_requests": 10}}
 
 
 def fuzz_env(steps: int = 100_000, seed: int = 0, n_requests: int = 60) -> dict[str, Any]:
-    """Random masked steps over every scenario, action mode, admission rule, order and engine
-    variant (``FUZZ_VARIANTS``); raises ``AssertionError`` on an observation outside its space or
+    """Random masked steps (and one in ten unmasked) over every scenario, action mode, admission
+    rule, order, budget set and engine variant (``FUZZ_VARIANTS``); raises ``AssertionError`` on an observation outside its space or
     not finite, a mask without the launch action, or a request lost (every request of the workload
     is pending, waiting, running, completed or rejected at every step, and all are completed or
     rejected when an episode terminates).
@@ -65,17 +67,24 @@ def fuzz_env(steps: int = 100_000, seed: int = 0, n_requests: int = 60) -> dict[
         overrides = {"workload.n_requests": n_requests, **FUZZ_SIZES.get(scenario, {}),
                      **FUZZ_VARIANTS[rng.integers(len(FUZZ_VARIANTS))]}
         kwargs = {"action_mode": str(rng.choice(ACTION_MODES)), "admission": str(rng.choice(ADMISSION_RULES)),
-                  "order": str(rng.choice(ORDERS)), "K": int(rng.choice([1, 4, 32])), "flat": bool(rng.integers(2))}
+                  "order": str(rng.choice(ORDERS)), "K": int(rng.choice([1, 4, 32])), "flat": bool(rng.integers(2)),
+                  "budgets": FUZZ_BUDGETS[rng.integers(len(FUZZ_BUDGETS))],
+                  "max_num_seqs": [None, 3][rng.integers(2)]}
+        if kwargs["action_mode"] in ("subset", "priority", "knob"):
+            kwargs["budget"] = [None, 64][rng.integers(2)]
         try:
             env = LLMSchedEnv(scenario, overrides=overrides, **kwargs)
             obs, info = env.reset(seed=int(rng.integers(1 << 30)))
+            env.action_space.seed(int(rng.integers(1 << 30)))
         except ConfigError:  # e.g. block_size 16 makes a request larger than a tiny cache
             skipped += 1
             continue
         n = len(env.engine.workload)
         while done < steps:
             _check_step(env, obs, info, n)
-            obs, _, term, trunc, info = env.step(random_masked_action(env, rng))
+            # mostly valid actions; one in ten drawn from the whole space (a counted no-op if masked)
+            action = env.action_space.sample() if rng.random() < 0.1 else random_masked_action(env, rng)
+            obs, _, term, trunc, info = env.step(action)
             done += 1
             if term or trunc:
                 _check_step(env, obs, info, n)

@@ -251,9 +251,9 @@ class DecisionPoint:
     def preempt(self, rid: int) -> None:
         """Choose running request ``rid`` for preemption: its blocks and its growth are released."""
         self.victims.append(rid)
-        freed = -(-int(self.kvt[rid]) // self.bs) + self.growth(rid)
-        self.free += freed
-        self.released += freed
+        held = -(-int(self.kvt[rid]) // self.bs) - int(self.e.kv.shared[rid])  # shared prefix blocks stay
+        self.free += held + self.growth(rid)
+        self.released += held
         self.arrays = None
         self.residents_ok = False
         self.profile_ok = False

@@ -241,7 +241,7 @@ class ObservationBuilder:
             r = np.zeros(len(RUNNING_FEATURES), np.float32)
             if dp.n_run:
                 r[R["count"]] = math.log1p(dp.n_run) * self.inv_log_cap
-                r[R["kv_used"]] = min((e.kv.used_blocks - dp.released) / dp.cap_blocks, 2.0)
+                r[R["kv_used"]] = min(max(e.kv.used_blocks - dp.released, 0) / dp.cap_blocks, 2.0)
                 r[_HIST] = dp.run_hist * (1.0 / dp.n_run)
                 r[R["future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
             if e.n_in_prefill:
@@ -257,7 +257,7 @@ class ObservationBuilder:
         r = self.run_obs.copy()
         n_res = dp.n_run + n_sel
         r[R["count"]] = math.log1p(n_res) * self.inv_log_cap
-        r[R["kv_used"]] = min((e.kv.used_blocks - dp.released + dp.sel_blocks) / dp.cap_blocks, 2.0)
+        r[R["kv_used"]] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
         inv = 1.0 / n_res
         r[_HIST] = [(a + b) * inv for a, b in zip(dp.run_hist_list, dp.sel_hist, strict=True)]
         r[R["selected"]] = math.log1p(n_sel) * self.inv_log_cap
