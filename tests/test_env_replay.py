@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 import baselines
@@ -142,3 +143,31 @@ def test_behaviour_cloning_refuses_a_teacher_it_cannot_express():
     obs, masks, acts, info = collect_demonstrations("azure-conv", {"overrides": {"workload.n_requests": 60}},
                                                     "sarathi", 1, 0)
     assert info["inexpressible_frac"] == 0.0 and len(acts) == info["steps"] > 60
+
+
+def test_tune_mode_action_zero_is_the_base_policy_at_its_defaults():
+    # chunk_size in [32, 8192] and max_num_seqs in [16, 1024], log-uniform: 0 maps to 512 and 128
+    env = LLMSchedEnv("azure-conv", action_mode="tune", overrides=SIZES["azure-conv"])
+    env.reset(seed=5)
+    latency = 0.0
+    while True:
+        _, _, term, trunc, info = env.step(np.zeros(2, np.float32))
+        latency += info["reward_components"]["latency"]
+        if term or trunc:
+            break
+    assert (env.base.chunk_size, env.base.max_num_seqs) == (512, 128)
+    ref = simulate("azure-conv", make_policy("sarathi"), 5, SIZES["azure-conv"]).summary
+    summaries_equal(ref, info["summary"])
+    assert latency == pytest.approx(-ref["total_latency_s"], rel=1e-9)
+
+
+def test_tune_mode_sets_the_parameters_per_decision():
+    env = LLMSchedEnv("azure-conv", action_mode="tune", overrides=SIZES["azure-conv"],
+                      tune={"chunk_size": [64, 4096]})
+    env.reset(seed=0)
+    env.step(np.array([-1.0], np.float32))
+    assert env.base.chunk_size == 64
+    env.step(np.array([1.0], np.float32))
+    assert env.base.chunk_size == 4096
+    with pytest.raises(ValueError, match=r"tune.block: not a parameter of the base policy; allowed: chunk_size"):
+        LLMSchedEnv("azure-conv", action_mode="tune", tune={"block": [1, 2]})
