@@ -419,9 +419,22 @@ class EchoFamily(Scheduler):
         return (benefit - loss - self._evict_punishment(k)) / t
 
     # ---- the policy -----------------------------------------------------------------------
+    def _sync(self, view: EngineView) -> None:
+        """Drop the queued requests another policy admitted (the env's ``meta`` mode switches
+        policies); a single-policy run never has any (the counts match)."""
+        if len(self._online) + self._n_pool == len(view.waiting):
+            return
+        state = view.state
+        self._online = deque(r for r in self._online if state[r] == 1)
+        pooled = list(self._fcfs) if not self.greedy else list(self._where)
+        for r in pooled:
+            if state[r] != 1:
+                self._pool_take(r)
+
     def schedule(self, view: EngineView) -> BatchPlan:
         if not self._ready:
             self._setup(view)
+        self._sync(view)
         now = view.now
         kv = self._kv
         self._bs = bs = kv.block_size

@@ -145,8 +145,16 @@ class MCSF(Scheduler):
         base = int(view.prefill_target[rid]) + self._emits + self._pad
         return base, remaining - self._emits
 
+    def sync(self, view: EngineView) -> list[tuple[int, int]]:
+        """The queue without the requests another policy admitted (the env's ``meta`` mode
+        switches policies); a single-policy run never has any (the lengths match)."""
+        if len(self._queue) != len(view.waiting):
+            state = view.state
+            self._queue = [q for q in self._queue if state[q[1]] == 1]
+        return self._queue
+
     def schedule(self, view: EngineView) -> BatchPlan:
-        queue = self._queue
+        queue = self.sync(view)
         if not queue:
             return BatchPlan.decode_only(hold=True)
         prof = self.profile(view)

@@ -64,7 +64,7 @@ class SJF(MCSF):
         return view.kv_free - bs * sum(1 for r in view.running if int(kvt[r]) % bs == 0)
 
     def schedule(self, view: EngineView) -> BatchPlan:
-        queue = self._queue
+        queue = self.sync(view)
         if not queue:
             return BatchPlan.decode_only(hold=True)
         peak = self.admission == "peak"

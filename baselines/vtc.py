@@ -197,6 +197,7 @@ class _FairAdmission(Scheduler):
         self._client = wl.client
         self._queue: list[list[int]] = [[] for _ in range(self.n_clients)]
         self._active: set[int] = set()
+        self._n_queued = 0
         self._last_left = -1
         self._admit_iter = -(1 << 62)
         cap = self.batch_max_tokens
@@ -213,6 +214,33 @@ class _FairAdmission(Scheduler):
         c = int(self._client[rid])
         heapq.heappush(self._queue[c], rid)
         self._active.add(c)
+        self._n_queued += 1
+
+    def _drop_head(self, c: int, view: EngineView) -> None:
+        rid = heapq.heappop(self._queue[c])
+        self._n_queued -= 1
+        if not self._queue[c]:
+            self._active.discard(c)
+        self._on_admit(rid, c, view)
+
+    def _sync(self, view: EngineView) -> None:
+        """Drop queue entries another policy admitted (the env's ``meta`` mode switches policies),
+        charging them as if admitted here; a single-policy run never has any (the count matches;
+        when a rejecting policy's count matches by chance, the selection loop drops them)."""
+        if self._n_queued == len(view.waiting):
+            return
+        state = view.state
+        for c in list(self._active):
+            q = self._queue[c]
+            keep = [r for r in q if state[r] == 1]
+            for r in q:
+                if state[r] != 1:
+                    self._on_admit(r, c, view)
+            heapq.heapify(keep)
+            self._queue[c] = keep
+            if not keep:
+                self._active.discard(c)
+        self._n_queued = sum(len(self._queue[c]) for c in self._active)
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
         if not self._ready:
@@ -238,13 +266,15 @@ class _FairAdmission(Scheduler):
         return _SumReservation(view, view.predicted_output) if self.memory == "sum" else _FreeNow(view)
 
     def schedule(self, view: EngineView) -> BatchPlan:
+        if self._ready:
+            self._sync(view)
         if not self._active:
             return BatchPlan.decode_only(hold=True)
         n_run = len(view.running)
         if n_run and view.iteration - self._admit_iter <= self.admit_every:
             return BatchPlan.decode_only(hold=False)
         mem = self._memory(view)
-        prompt, pred = view.prompt_tokens, view.predicted_output
+        prompt, pred, state = view.prompt_tokens, view.predicted_output, view.state
         admitted: list[int] = []
         batch_tokens = 0
         while not (self.max_running and n_run + len(admitted) >= self.max_running):
@@ -252,6 +282,9 @@ class _FairAdmission(Scheduler):
             if c < 0:
                 break
             rid = self._queue[c][0]
+            if state[rid] != 1:  # admitted by another policy although the counts matched (rpm)
+                self._drop_head(c, view)
+                continue
             p, o = int(prompt[rid]), int(pred[rid])
             first = not admitted
             if not first and self._batch_cap and batch_tokens + p > self._batch_cap:
@@ -260,6 +293,7 @@ class _FairAdmission(Scheduler):
                 break
             mem.add(p, o)
             heapq.heappop(self._queue[c])
+            self._n_queued -= 1
             if not self._queue[c]:
                 self._active.discard(c)
                 self._last_left = c

@@ -73,6 +73,8 @@ class EngineView:
     ``waiting``               list of waiting ids, in queue order (arrival order; a
                               preempted request re-enters at the head, as in vLLM)
     ``running``               list of running ids, in admission order (newest last)
+    ``state``                 per request: 0 pending, 1 waiting, 2 running, 3 done,
+                              4 rejected
     ``n_in_prefill``          running requests whose prefill is unfinished (chunked)
     ``waiting_tokens``        prompt tokens the waiting requests still have to prefill
     ``workload``              the :class:`Workload` (true lengths: oracle policies only)
@@ -118,6 +120,11 @@ class EngineView:
     @property
     def waiting(self) -> list[int]:
         return self._e.waiting
+
+    @property
+    def state(self) -> np.ndarray:
+        """Per-request state: 0 pending, 1 waiting, 2 running, 3 done, 4 rejected (int8)."""
+        return self._e.state
 
     @property
     def n_in_prefill(self) -> int:
