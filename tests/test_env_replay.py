@@ -171,3 +171,34 @@ def test_tune_mode_sets_the_parameters_per_decision():
     assert env.base.chunk_size == 4096
     with pytest.raises(ValueError, match=r"tune.block: not a parameter of the base policy; allowed: chunk_size"):
         LLMSchedEnv("azure-conv", action_mode="tune", tune={"block": [1, 2]})
+
+
+@pytest.mark.parametrize("scenario", ["azure-conv", "vtc-arena", "echo-hybrid", "jaillet-high", "wait-high", "klpm-toy"])
+def test_meta_mode_switching_at_random_keeps_every_policy_valid_and_every_request(scenario):
+    # every registered policy is a candidate; the agent switches at random at every decision, so
+    # each stateful policy must cope with requests the others admitted, preempted or chunked
+    env = LLMSchedEnv(scenario, action_mode="meta", candidates=baselines.available(), overrides=SIZES[scenario],
+                      invalid_action="raise")
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        env.reset(seed=seed)
+        latency = 0.0
+        while True:
+            _, _, term, trunc, info = env.step(int(rng.integers(env.action_space.n)))
+            latency += info["reward_components"]["latency"]
+            if term or trunc:
+                break
+        s = info["summary"]
+        assert s["n_arrived"] == s["n_completed"] + s["n_rejected"] + s["n_unfinished"]
+        if term:
+            assert s["n_completed"] + s["n_rejected"] == len(env.engine.workload)
+            assert latency == pytest.approx(-s["total_latency_s"], rel=1e-9)
+
+
+def test_meta_default_candidates_are_the_engine_and_paper_policies():
+    env = LLMSchedEnv("vtc-arena", action_mode="meta", n_requests=20)
+    names = [c.name for c in env.switch.candidates]
+    assert names[:6] == ["fcfs", "sjf", "srpt", "sarathi", "vllm-v1", "vllm-v0"] and "vtc" in names
+    assert env.action_space.n == len(names)
+    with pytest.raises(ValueError, match="expert: mcsf is not one of the candidates"):
+        LLMSchedEnv("vtc-arena", action_mode="meta", n_requests=20, expert="mcsf")
