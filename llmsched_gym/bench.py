@@ -3,7 +3,8 @@
 Engine section: the Azure-conv trace (19,366 requests with their own arrival times) on the
 Llama-2-7B/A100 roofline preset with paged KV and FCFS, reporting simulated requests/s,
 iterations/s, setup time (start to first iteration) and the wall time of the whole
-``llmsched run`` process. Env section: env steps/s with random masked actions.
+``llmsched run`` process. Env section: env steps/s of the default action mode with random
+masked actions on jaillet-high and azure-conv.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def bench_import() -> dict[str, Any]:
     return {"import_s": float(out[0]), "heavy_modules_imported": bool(int(out[1]))}
 
 
+ENV_SCENARIOS = ("jaillet-high", "azure-conv")
+"""Scenarios of the env section (1,000-request episodes each)."""
+
+
 def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[str, Any]:
     from rich.console import Console
     from rich.table import Table
@@ -88,12 +93,16 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
         except ImportError:
             con.print("env: not available")
         else:
-            env = bench_env(steps=5_000 if quick else 50_000)
-            report["env"] = env
-            t = Table(title="env: LLMSched-v0, random masked actions")
+            steps = 5_000 if quick else 50_000
+            runs = {sc: bench_env(sc, steps=steps) for sc in ENV_SCENARIOS}
+            report["env"] = runs
+            t = Table(title=f"env: LLMSched-v0 default mode (select), random masked actions, {steps:,} steps, one core")
+            keys = ("n_requests", "episodes", "iterations", "requests_completed", "wall_s", "steps_per_s",
+                    "steps_per_cpu_s")
             t.add_column("metric")
-            t.add_column("value", justify="right")
-            for k, v in env.items():
-                t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else str(v))
+            for sc in runs:
+                t.add_column(sc, justify="right")
+            for k in keys:
+                t.add_row(k, *(f"{r[k]:,.3f}" if isinstance(r[k], float) else str(r[k]) for r in runs.values()))
             con.print(t)
     return report

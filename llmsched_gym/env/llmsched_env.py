@@ -365,6 +365,8 @@ class LLMSchedEnv(gym.Env):
     # batches: formed by the shared builder
     def form(self, budget: int | None, admit: list[int]) -> BatchPlan:
         """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry)."""
+        if budget is None and not self.dp.victims and not self.engine.n_in_prefill:
+            return BatchPlan(prefill={r: BatchPlan.FULL for r in admit})  # what the builder forms, faster
         b = BatchBuilder(self.engine.view, budget, reserve=False, preempted=self.dp.victims)
         b.decode_first(preempt=False)
         b.continue_prefills()
