@@ -207,7 +207,7 @@ class DecisionPoint:
         if m is not None and len(self.e.running) - len(self.victims) + len(self.sel) >= m:
             ok = self._false[:n]
         self.ok = ok
-        self.any = n > 0 and (ok is self._ones[:n] or bool(np.count_nonzero(ok)))
+        self.any = n > 0 and ((self.admission == "none" and m is None) or bool(ok.any()))
 
     # ------------------------------------------------------------------------------------------
     # forming the batch

@@ -259,7 +259,7 @@ class ObservationBuilder:
         r[R["count"]] = math.log1p(n_res) * self.inv_log_cap
         r[R["kv_used"]] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
         inv = 1.0 / n_res
-        r[_HIST] = [(a + b) * inv for a, b in zip(dp.run_hist_list, dp.sel_hist, strict=True)]
+        r[_HIST] = (dp.run_hist + dp.sel_hist) * inv
         r[R["selected"]] = math.log1p(n_sel) * self.inv_log_cap
         return r
 
