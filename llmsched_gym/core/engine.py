@@ -772,6 +772,13 @@ class Engine:
             return {c: np.empty(0) for c in LOG_COLUMNS}
         return {c: np.concatenate([a[c] for a in self._log_arrays]) for c in LOG_COLUMNS}
 
+    def close(self) -> None:
+        """Detach the view: it references the engine, a cycle that only Python's cyclic garbage
+        collector frees, late, holding a whole episode's memory. The engine can no longer run
+        (its records, arrays and log stay readable)."""
+        self.view = None  # type: ignore[assignment]
+        self.done = True
+
     def snapshot(self) -> dict[str, Any]:
         """Small state summary (for debugging and the env's info)."""
         return {

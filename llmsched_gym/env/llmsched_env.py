@@ -398,6 +398,9 @@ class LLMSchedEnv(gym.Env):
 
         self._episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31 - 1))
         self._episode += 1
+        if self.engine is not None:  # free the last episode now, not at the next cyclic collection
+            self.engine.close()
+            self.engine = None
         self._wall0 = time.perf_counter()
         engine, _ = make_engine(self._spec, self._adapter, self._episode_seed, self._overrides)
         self.engine = e = engine
@@ -458,6 +461,12 @@ class LLMSchedEnv(gym.Env):
         if self._ended and self._summary is not None:
             return self._summary
         return summarize(self.engine, self._spec.get("name", "custom"), "agent", time.perf_counter() - self._wall0)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        super().close()
 
     def render(self):
         from llmsched_gym.env.render import render_ansi, render_rgb
