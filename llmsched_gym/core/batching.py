@@ -120,16 +120,19 @@ class BatchBuilder:
         rule, the request itself last), as Sarathi does; without it nothing is preempted and
         ``free`` is left as it is (the caller admits without checking)."""
         view, running = self.view, self.running
-        if not preempt:
-            if view.n_in_prefill == 0 and not self._gone:
-                n_dec = self.n
+        if not preempt:  # only the budget matters: the first decodes run, the others pause
+            if view.n_in_prefill == 0:
+                dec = running
             else:
                 prefilled, target = view.prefilled, view.prefill_target
-                n_dec = sum(1 for r in running if prefilled[r] >= target[r])
-            if self.budget >= n_dec:
-                self.budget -= n_dec
-                return
-        view, running = self.view, self.running
+                dec = [r for r in running if prefilled[r] >= target[r]]
+            if self.budget >= len(dec):
+                self.budget -= len(dec)
+            else:
+                k = int(self.budget)
+                self.pause = set(dec[k:])
+                self.budget = 0
+            return
         prefilled, target = view.prefilled, view.prefill_target
         n, free, budget = self.n, self.free, self.budget
         mid = self.reserved if self.reserve else None

@@ -115,7 +115,7 @@ def bench_env(
     scenario: str = "jaillet-high",
     action_mode: str = "select",
     K: int = 32,
-    admission: str = "current",
+    admission: str = "none",
     n_requests: int | None = 1000,
     steps: int = 50_000,
     seed: int = 0,
@@ -127,7 +127,7 @@ def bench_env(
         scenario's own count).
     :param action_mode: ``select`` (the benchmark's reference), ``subset``, ``priority``, ``knob``.
     :param K: queue slots.
-    :param admission: ``current``, ``future`` or ``none``.
+    :param admission: ``none`` (the env's default), ``current`` or ``future``.
     :param steps: env steps to time (resets included, the first reset excluded).
     :param env_kwargs: more ``LLMSched-v0`` arguments (``order``, ``reward``, ``overrides``, ...).
     :returns: ``steps_per_s`` (wall clock), ``steps_per_cpu_s``, the settings, episodes finished,

@@ -170,6 +170,7 @@ class ObservationBuilder:
         self.arrival_u = wl.arrival_s * self.inv_unit
         self.prompt = wl.prompt_tokens
         self.prefix = e.kv.enabled
+        self.swap = e.config.preempt_mode == "swap" or e.config.overflow == "swap"
         self.multi_client = wl.n_clients > 1
         has_ttft = np.isfinite(wl.ttft_slo_s)
         self.has_ttft = bool(has_ttft.any())
@@ -331,11 +332,9 @@ class ObservationBuilder:
         if self.has_ttft:
             slack = np.clip((self.deadline[ids] - now) * self.inv_slo[ids], -1.0, 1.0)
             rows[ids, Q["slo_slack"]] = np.where(self.ttft_mask[ids], slack, 1.0)
-        pf = dp.prefilled[ids]
-        if pf.any():
+        if self.swap:  # only a swapped-out request waits with computed KV
+            pf = dp.prefilled[ids]
             rows[ids, Q["prefilled"]] = np.minimum(pf / np.maximum(dp.target[ids], 1), 1.0)
-        else:
-            rows[ids, Q["prefilled"]] = 0.0
 
     def _deficit(self, ids: np.ndarray) -> np.ndarray:
         from llmsched_gym.core.metrics import client_service
