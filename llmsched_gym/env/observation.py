@@ -290,33 +290,42 @@ class ObservationBuilder:
     def _batch_times(self, env) -> np.ndarray:
         """Predicted duration of the next batch for each launch budget (the latency model's
         estimate: decodes first, then unfinished prefills and the chosen requests' prompts, each
-        chunk that the budget reaches counted once)."""
+        chunk that the budget reaches counted once).
+
+        Within a boundary the prefill tokens wanted only grow, so a budget, once filled, keeps its
+        value; every budget not filled yet is larger than the decodes and prefills everything
+        wanted, so they share one value: one latency-model call per step."""
         dp = self.dp
         key = (dp.bid, len(dp.victims))
         if key != self.bt_key:  # a new boundary or a preemption: start over
             self.bt_key = key
             self.bt = np.zeros(len(self.budgets), np.float32)
-            self.bt_p = [-1] * len(self.budgets)
+            self.bt_want = -1
             if self.timed:
                 n_dec, dec_ctx, mid, owed, mid_ctx = self.shape = env.batch_shape()
-                self.bt_d = [min(b, n_dec) for b in self.budget_list]
-                self.bt_room = [max(b - d, 0) for b, d in zip(self.budget_list, self.bt_d, strict=True)]
+                d = [min(b, n_dec) for b in self.budget_list]
+                room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
+                self.bt_order = sorted(range(len(room)), key=room.__getitem__)  # filled first
+                self.bt_room = [room[j] for j in self.bt_order]
+                self.bt_d = [d[j] for j in self.bt_order]
+                self.bt_filled = 0
         if self.timed:
             n_dec, dec_ctx, mid, owed, mid_ctx = self.shape
             want = owed + dp.sel_tokens
-            old = self.bt_p
-            done: dict[tuple[int, int], float] = {}  # budgets the batch does not fill share a value
-            for j, room in enumerate(self.bt_room):
-                p = room if room < want else want
-                if p != old[j]:  # a saturated budget reaches no further chunk: only the others change
-                    old[j] = p
-                    d = self.bt_d[j]
-                    v = done.get((p, d))
-                    if v is None:
-                        chunks, inv = mid + len(dp.sel), (1.0 / n_dec if n_dec else 0.0)
-                        t = self.e.latency.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
-                        v = done[(p, d)] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
-                    self.bt[j] = v
+            if want != self.bt_want:
+                self.bt_want = want
+                lat, chunks = self.e.latency, mid + len(dp.sel)
+                inv = 1.0 / n_dec if n_dec else 0.0
+                order, rooms, k = self.bt_order, self.bt_room, self.bt_filled
+                while k < len(rooms) and rooms[k] <= want:  # newly filled: p = its room, for good
+                    p, d = rooms[k], self.bt_d[k]
+                    t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
+                    self.bt[order[k]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+                    k += 1
+                self.bt_filled = k
+                if k < len(rooms):  # the others: everything wanted, every decode
+                    t = lat.batch_time(want, want + mid_ctx, chunks if want else 0, n_dec, dec_ctx)
+                    self.bt[order[k:]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
         return self.bt.copy()
 
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
