@@ -621,3 +621,25 @@ def test_reset_frees_the_previous_episode_at_once():
         assert old() is None
     finally:
         gc.enable()
+
+
+def test_budget_batch_times_grow_with_the_budget_and_the_unlimited_one_is_the_latency_model():
+    # one value per launch budget: a larger budget prefills at least as much, so its batch takes
+    # at least as long; the unlimited one is the latency model's time of the whole batch
+    import math
+
+    env = LLMSchedEnv("azure-conv", n_requests=120)
+    rng = np.random.default_rng(2)
+    obs, _ = env.reset(seed=2)
+    order = sorted(range(len(env.budgets)), key=lambda j: math.inf if env.budgets[j] is None else env.budgets[j])
+    for _ in range(1500):
+        bt = obs["budgets"][order]
+        assert np.all(np.diff(bt) >= -1e-7), bt
+        n_dec, dec_ctx, mid, owed, mid_ctx = env.batch_shape()
+        want = owed + env.dp.sel_tokens
+        t = env.engine.latency.batch_time(want, want + mid_ctx, mid + len(env.dp.sel) if want else 0, n_dec, dec_ctx)
+        assert obs["budgets"][env.budgets.index(None)] == pytest.approx(
+            min(math.log1p(t / env._obs.unit) / math.log1p(1e6), 1.0), abs=1e-6)
+        obs, _, term, trunc, _ = env.step(random_action(env, rng))
+        if term or trunc:
+            obs, _ = env.reset()

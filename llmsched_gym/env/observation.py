@@ -191,6 +191,9 @@ class ObservationBuilder:
         big = np.iinfo(np.int64).max // 4  # the unlimited budget
         if self.budgets:
             self.budget_list = [big if b is None else b for b in self.budgets]
+            self.min_budget = min(self.budget_list)
+            self.room_order = sorted(range(len(self.budget_list)), key=self.budget_list.__getitem__)
+            self.room_inverse = np.argsort(np.array(self.room_order))
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prompt (+ generated tokens) and remaining output changed."""
@@ -299,15 +302,18 @@ class ObservationBuilder:
         key = (dp.bid, len(dp.victims))
         if key != self.bt_key:  # a new boundary or a preemption: start over
             self.bt_key = key
-            self.bt = np.zeros(len(self.budgets), np.float32)
             self.bt_want = -1
+            self.bt_sorted = np.zeros(len(self.budgets), np.float32)  # by room, filled first
             if self.timed:
                 n_dec, dec_ctx, mid, owed, mid_ctx = self.shape = env.batch_shape()
-                d = [min(b, n_dec) for b in self.budget_list]
-                room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
-                self.bt_order = sorted(range(len(room)), key=room.__getitem__)  # filled first
-                self.bt_room = [room[j] for j in self.bt_order]
-                self.bt_d = [d[j] for j in self.bt_order]
+                if n_dec <= self.min_budget:  # the usual case: no budget pauses a decode
+                    self.bt_room, self.bt_d, self.bt_order = self.sorted_budgets(n_dec)
+                else:
+                    d = [min(b, n_dec) for b in self.budget_list]
+                    room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
+                    order = sorted(range(len(room)), key=room.__getitem__)
+                    self.bt_room, self.bt_d = [room[j] for j in order], [d[j] for j in order]
+                    self.bt_order = np.argsort(np.array(order))
                 self.bt_filled = 0
         if self.timed:
             n_dec, dec_ctx, mid, owed, mid_ctx = self.shape
@@ -315,18 +321,25 @@ class ObservationBuilder:
             if want != self.bt_want:
                 self.bt_want = want
                 lat, chunks = self.e.latency, mid + len(dp.sel)
-                inv = 1.0 / n_dec if n_dec else 0.0
-                order, rooms, k = self.bt_order, self.bt_room, self.bt_filled
+                rooms, k, out = self.bt_room, self.bt_filled, self.bt_sorted
                 while k < len(rooms) and rooms[k] <= want:  # newly filled: p = its room, for good
                     p, d = rooms[k], self.bt_d[k]
-                    t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d * inv))
-                    self.bt[order[k]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+                    t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d / n_dec) if n_dec else 0)
+                    out[k] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
                     k += 1
                 self.bt_filled = k
                 if k < len(rooms):  # the others: everything wanted, every decode
                     t = lat.batch_time(want, want + mid_ctx, chunks if want else 0, n_dec, dec_ctx)
-                    self.bt[order[k:]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
-        return self.bt.copy()
+                    out[k:] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+            return self.bt_sorted.take(self.bt_order)
+        return self.bt_sorted.copy()
+
+    def sorted_budgets(self, n_dec: int):
+        """Budgets sorted by the prefill room they leave after ``n_dec`` decodes (cached: the
+        order only depends on the budgets while none is below the decodes)."""
+        room = [b - n_dec for b in self.budget_list]
+        order = self.room_order
+        return [room[j] for j in order], [n_dec] * len(order), self.room_inverse
 
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
         """The boundary-dependent queue features of requests ``ids`` (constant while a batch forms)."""
