@@ -588,30 +588,39 @@ class Engine:
         """vLLM: preempt the newest running requests until the iteration fits."""
         kv, bs, kvt = self.kv, self.kv.block_size, self.kv_tokens
         emits = self.config.prefill_emits_token
-        growth: dict[int, int] = {}
+        growth: dict[int, int] = {}  # prefill chunks' blocks
         for rid, c, last in chunks:
             k0 = int(kvt[rid])
             growth[rid] = -(-(k0 + c + (1 if last and emits else 0)) // bs) - -(-k0 // bs)
-        if len(dec):
-            g = np.ones(len(dec), dtype=np.int64) if bs == 1 else (kvt[dec] % bs == 0).astype(np.int64)
-            for rid, x in zip(dec.tolist(), g.tolist(), strict=True):
-                growth[rid] = growth.get(rid, 0) + x
         total = sum(growth.values())
+        if len(dec):
+            total += len(dec) if bs == 1 else int(np.count_nonzero(kvt[dec] % bs == 0))
         preempt_mode = "swap" if mode == "swap" else self.config.preempt_mode
         swap_s = 0.0
         victims: list[int] = []
+        dec_set: set[int] | None = None
+        n_dec_gone = 0
         while kv.used_blocks + total > kv.capacity_blocks:
             if not self.running:
                 raise PlanError("overflow: nothing left to preempt")
             victim = self.running[-1]
-            total -= growth.pop(victim, 0)
+            g = growth.pop(victim, 0)
+            if len(dec):
+                if dec_set is None:
+                    dec_set = set(dec.tolist())
+                if victim in dec_set:  # its decode's block, counted before the preemption zeroes its KV
+                    g += 1 if bs == 1 or kvt[victim] % bs == 0 else 0
+                    n_dec_gone += 1
+            total -= g
             swap_s += self._preempt(victim, preempt_mode, requeue=False)
             victims.append(victim)
         if victims:
             gone = set(victims)
             self.waiting[:0] = victims[::-1]
             chunks = [x for x in chunks if x[0] not in gone]
-            dec = dec[~np.isin(dec, victims)]
+            # decodes run in running order and the victims are the newest: they end ``dec``
+            if n_dec_gone:
+                dec = dec[: len(dec) - n_dec_gone]
         return chunks, dec, total, swap_s, len(victims)
 
     def _refuse(self, chunks, dec, grow_blocks: int) -> None:
@@ -654,8 +663,13 @@ class Engine:
             self.completion_s[rid] = t
             self._free(rid)
             self.kv_tokens[rid] = 0
-        done = set(ids)
-        self.running = [r for r in self.running if r not in done]
+        if len(ids) <= 4:  # a few: C-level removals beat rebuilding the list
+            run = self.running
+            for rid in ids:
+                run.remove(rid)
+        else:
+            done = set(ids)
+            self.running = [r for r in self.running if r not in done]
         self._dec_cache = None
         self.n_completed += len(ids)
         self.last_completion_iter = self.n_iterations
