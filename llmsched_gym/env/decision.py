@@ -124,7 +124,7 @@ class DecisionPoint:
             if self.bs == 1 and not e.n_in_prefill:
                 growth = len(running)
             else:
-                growth = int(self.running_arrays()[4].sum())
+                growth = self.running_growth()
         self.free = self.cap_blocks - e.kv.used_blocks - growth
         w = e.waiting
         if not w:
@@ -150,25 +150,28 @@ class DecisionPoint:
         self.qpos = len(slots)
         self.fill_slots(slots)
 
-    def running_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def running_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The surviving running requests as arrays (cached until a preemption is chosen): ids, KV
-        tokens, unfinished-prefill mask, prompt tokens still owed, blocks each adds next iteration."""
+        tokens, unfinished-prefill mask, prompt tokens still owed."""
         if self.arrays is None:
             run = np.array(self.survivors(), np.int64)
             kvt = self.kvt[run]
-            bs = self.bs
             if self.e.n_in_prefill:
                 left = self.target[run] - self.prefilled[run]
-                mid = left > 0
-                # blocks(x) = -(-x // bs): an unfinished prefill adds blocks(KV + owed + emitted)
-                # - blocks(KV), a decode a block when its last one is full
-                grow = np.where(mid, -(-(kvt + left + self.emit) // bs) + (-kvt // bs), kvt % bs == 0)
             else:
                 left = np.zeros(len(run), np.int64)
-                mid = left > 0
-                grow = (kvt % bs == 0).astype(np.int64)
-            self.arrays = (run, kvt, mid, left, grow)
+            self.arrays = (run, kvt, left > 0, left)
         return self.arrays
+
+    def running_growth(self) -> int:
+        """Blocks the surviving running requests add next iteration: an unfinished prefill
+        blocks(KV + owed + emitted) - blocks(KV), with blocks(x) = -(-x // bs); a decode one block
+        when its last one is full."""
+        run, kvt, mid, left = self.running_arrays()
+        bs = self.bs
+        if self.e.n_in_prefill:
+            return int(np.where(mid, -(-(kvt + left + self.emit) // bs) + (-kvt // bs), kvt % bs == 0).sum())
+        return int(np.count_nonzero(kvt % bs == 0))
 
     def growth(self, rid: int) -> int:
         """Blocks running request ``rid`` adds in the next iteration if it runs: a decode's new
@@ -294,14 +297,13 @@ class DecisionPoint:
             return
         self.residents_ok = True
         e = self.e
-        run, kv, mid, left, _ = self.running_arrays()
+        run, kv, mid, left = self.running_arrays()
         rem = np.maximum(self.pred[run] - self.gen[run], 1)
         if e.n_in_prefill:  # an unfinished prefill is a line like a candidate's (see cand_c, cand_b)
             kv = np.where(mid, kv + left + self.emit - 1, kv)
             rem = np.where(mid, rem + 1 - self.emit, rem)
         self.n_run = len(run)
         self.run_hist = np.bincount(_EDGES_ARRAY.searchsorted(rem, side="right"), minlength=N_BINS)
-        self.run_hist_list = self.run_hist.tolist()
         # sort the lines by completion point: one sort of (c, base) packed into an int64
         packed = np.sort((rem << 32) | (kv + self.pad))
         self.line_c = packed >> 32

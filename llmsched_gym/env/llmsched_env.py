@@ -378,12 +378,12 @@ class LLMSchedEnv(gym.Env):
 
     def prefill_state(self) -> tuple[int, int]:
         """Unfinished prefills among the surviving running requests: count and tokens owed."""
-        _, _, mid, left, _ = self.dp.running_arrays()
+        _, _, mid, left = self.dp.running_arrays()
         return int(np.count_nonzero(mid)), int(left.sum())
 
     def batch_shape(self) -> tuple[int, int, int, int, int]:
         """Decodes and their context, unfinished prefills, tokens owed and their context (now)."""
-        run, kvt, mid, left, _ = self.dp.running_arrays()
+        run, kvt, mid, left = self.dp.running_arrays()
         if not self.engine.n_in_prefill:
             return len(run), int(kvt.sum()), 0, 0, 0
         dec = ~mid
