@@ -38,21 +38,24 @@ class FutureProfile:
     :param max_residents: an upper bound on the number of residents (the workload size).
     """
 
-    __slots__ = ("capacity", "_desc", "_cs", "_table", "peak")
+    __slots__ = ("capacity", "_desc", "_cs", "_table", "_buf", "peak")
 
     def __init__(self, capacity_tokens: int, max_residents: int) -> None:
         self.capacity = int(capacity_tokens)
         self._desc = np.arange(max_residents + 1, 0, -1, dtype=np.int64)
+        # rows [o:] of this buffer are the table of n = max_residents - o residents: its third
+        # column (residents at or after row k, + 1) is the same descending run for every n
+        self._buf = np.empty((max_residents + 1, 3))
+        self._buf[:, 2] = self._desc
         self.build(np.empty(0, np.int64), np.empty(0, np.int64))
 
     def build(self, c: np.ndarray, base: np.ndarray) -> None:
         """Residents with completion points ``c`` (iterations from now, >= 1, sorted ascending) and
         lines ``base``."""
         n = len(c)
-        table = np.empty((n + 1, 3))
+        table = self._buf[len(self._buf) - n - 1:]
         table[0, 0] = -np.inf
         table[n, 1] = 0.0
-        table[:, 2] = self._desc[len(self._desc) - n - 1:]  # n + 1 - k: residents at or after k, + 1
         if n:
             suffix = base[::-1].cumsum()[::-1]
             table[:n, 1] = suffix

@@ -108,7 +108,7 @@ class DecisionPoint:
         self.sel_set = set()
         self.sel_blocks = 0
         self.sel_tokens = 0
-        self.sel_hist = [0] * N_BINS
+        self.sel_hist = np.zeros(N_BINS, np.int64)
         self.sel_c: list[int] = []
         self.sel_b: list[int] = []
         self.sel_peaks = 0
