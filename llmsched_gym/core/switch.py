@@ -1,9 +1,18 @@
 """``Switch``: several policies behind one Scheduler, the active one forming the plans.
 
 The env's ``meta`` action mode is a Switch whose ``active`` candidate the agent picks at every
-decision. Every candidate sees every engine hook (arrivals, tokens, prefill chunks, preemptions,
-completions), so a stateful policy (VTC's counters, k-LPM's prefix tree, Echo's pools, MC-SF's
-queue) keeps an exact picture of the engine while another candidate forms the batches.
+decision. Every candidate sees the engine hooks (accepted arrivals, tokens, prefill chunks,
+preemptions, completions), so a stateful policy (VTC's counters, k-LPM's need heap, Echo's pools,
+MC-SF's queue) keeps a picture of the engine while another candidate forms the batches; what the
+hooks do not say (which requests another candidate admitted, left mid-prefill or, for RPM, which
+arrivals it refused were accepted anyway) each policy reads from the view at its next decision
+(``view.state``, ``view.n_in_prefill``; see the "switching policies" notes of the baselines).
+
+A Switch whose ``active`` stays at ``i`` runs exactly as ``candidates[i]`` alone (``simulate()``,
+summary for summary) when the merged ``engine_overrides`` give the engine ``candidates[i]``'s
+settings (always true for ``[p, fcfs]``, fcfs forcing nothing) and no other candidate acts on the
+engine: Echo (``echo``, task-aware) installs its KV eviction order on the engine's prefix cache
+at the first arrival, whichever candidate is active.
 """
 
 from __future__ import annotations
@@ -21,14 +30,23 @@ _HOOKS = ("on_arrival", "on_tokens", "on_prefill", "on_preempt", "on_finish")
 class Switch(Scheduler):
     """Run ``candidates[active]``'s plans; forward every hook to every candidate that wants it.
 
-    * ``reset``: each candidate gets an identical copy of the policy stream, so a Switch whose
-      ``active`` stays at ``i`` runs exactly as ``candidates[i]`` alone (``simulate()``).
-    * ``on_arrival``: every candidate is told; the request is rejected iff the active candidate
-      rejects it (``reject_reason`` is that candidate's).
+    * ``reset``: each candidate gets an identical copy (``copy.deepcopy``) of the policy stream,
+      so a Switch whose ``active`` stays at ``i`` runs as ``candidates[i]`` alone (module
+      docstring).
+    * ``on_arrival``: the active candidate decides; the request is rejected iff it rejects it
+      (``reject_reason`` is its). The other candidates are told of an accepted request only (in
+      list order); a rejected one never enters the engine's queue, and telling them would leave
+      phantom state (a VTC counter lift, a place in RPM's window, an Echo prefix-chain count).
+      What another candidate answers is ignored (RPM adopts a request it refused at its next
+      decision).
+    * every other hook goes to every candidate that overrides it (:meth:`wants` is true for a
+      hook when some candidate wants it).
     * ``engine_overrides``: the union of the candidates'; on a conflicting key the first candidate
-      that sets it wins.
+      that sets it wins (an explicit ``--set engine.X`` still wins over both in ``make_engine``).
+    * ``active``: the index of the candidate whose plan :meth:`schedule` returns; set it between
+      decisions (``reset`` leaves it alone).
 
-    :param candidates: the policies (Scheduler instances).
+    :param candidates: the policies (Scheduler instances, distinct objects).
     """
 
     name = "switch"
@@ -36,6 +54,8 @@ class Switch(Scheduler):
     def __init__(self, candidates: list[Scheduler]) -> None:
         if not candidates:
             raise ValueError("candidates: a Switch needs at least one policy")
+        if len({id(c) for c in candidates}) != len(candidates):
+            raise ValueError("candidates: the same policy object is listed twice (each candidate keeps its own state)")
         self.candidates = list(candidates)
         self.active = 0
         merged: dict[str, Any] = {}
@@ -43,11 +63,13 @@ class Switch(Scheduler):
             for k, v in (getattr(c, "engine_overrides", {}) or {}).items():
                 merged.setdefault(k, v)
         self.engine_overrides = merged
-        self._hooked = {h: [c for c in self.candidates if type(c).wants(h)] for h in _HOOKS}
+        self._hooked = {h: [c for c in self.candidates if c.wants(h)] for h in _HOOKS}
         self._rejected_by: dict[int, Scheduler] = {}
 
     def wants(self, hook: str) -> bool:  # type: ignore[override]
-        return hook == "on_arrival" or bool(self._hooked.get(hook))
+        """Whether some candidate overrides ``hook`` (an instance method: the engine asks the
+        instance; :meth:`Scheduler.wants` is a classmethod on the class attributes)."""
+        return bool(self._hooked.get(hook))
 
     def reset(self, config, rng: np.random.Generator) -> None:
         super().reset(config, rng)
@@ -59,14 +81,14 @@ class Switch(Scheduler):
         return self.candidates[self.active].schedule(view)
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
-        ok = True
         active = self.candidates[self.active]
-        for c in self._hooked["on_arrival"]:
-            if not c.on_arrival(req_id, view) and c is active:
-                ok = False
-        if not ok:
+        if not active.on_arrival(req_id, view):
             self._rejected_by[req_id] = active
-        return ok
+            return False
+        for c in self._hooked["on_arrival"]:
+            if c is not active:
+                c.on_arrival(req_id, view)
+        return True
 
     def on_tokens(self, req_ids: np.ndarray, n: int, view: EngineView) -> None:
         for c in self._hooked["on_tokens"]:

@@ -304,6 +304,7 @@ class LLMSchedEnv(gym.Env):
         self.set_expert(expert)
         self._tracker = RewardTracker(self.weights)
         self._experts = ExpertReplay(self)
+        self._shape_key: tuple | None = None
         self._history: list[tuple[float, float, int]] = []
         self.engine: Engine | None = None
         self._ended = True
@@ -382,13 +383,21 @@ class LLMSchedEnv(gym.Env):
         return int(np.count_nonzero(mid)), int(left.sum())
 
     def batch_shape(self) -> tuple[int, int, int, int, int]:
-        """Decodes and their context, unfinished prefills, tokens owed and their context (now)."""
-        run, kvt, mid, left = self.dp.running_arrays()
+        """Decodes and their context, unfinished prefills, tokens owed and their context (now;
+        cached until the boundary or its preemptions change)."""
+        dp = self.dp
+        key = (self._episode, dp.bid, len(dp.victims))
+        if key == self._shape_key:
+            return self._shape
+        run, kvt, mid, left = dp.running_arrays()
         if not self.engine.n_in_prefill:
-            return len(run), int(kvt.sum()), 0, 0, 0
-        dec = ~mid
-        return (int(np.count_nonzero(dec)), int(kvt[dec].sum()), int(np.count_nonzero(mid)), int(left.sum()),
-                int(self.engine.prefilled[run[mid]].sum()))
+            shape = len(run), int(kvt.sum()), 0, 0, 0
+        else:
+            dec = ~mid
+            shape = (int(np.count_nonzero(dec)), int(kvt[dec].sum()), int(np.count_nonzero(mid)), int(left.sum()),
+                     int(self.engine.prefilled[run[mid]].sum()))
+        self._shape_key, self._shape = key, shape
+        return shape
 
     # ------------------------------------------------------------------------------------------
     # gymnasium API

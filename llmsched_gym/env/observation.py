@@ -51,6 +51,8 @@ RUNNING_FEATURES: tuple[tuple[str, float, float, str], ...] = (
     ("prefilling", 0.0, 1.0, "running requests with an unfinished (chunked) prefill, log1p(n) / log1p(M)"),
     ("prefill_owed", 0.0, 2.0, "prompt tokens those still have to prefill, log-scaled"),
     ("preempting", 0.0, 1.0, "running requests chosen for preemption in the batch being formed, log1p(n) / log1p(M)"),
+    ("batch_tokens", 0.0, 2.0, "tokens the batch being formed computes with an unlimited budget (decodes + prompt "
+     "tokens owed by unfinished prefills + the chosen requests' prompts), log-scaled"),
 )
 
 GLOBAL_FEATURES: tuple[tuple[str, float, float, str], ...] = (
@@ -254,6 +256,9 @@ class ObservationBuilder:
                 r[R["prefill_owed"]] = self.log_tokens(owed)
             if dp.victims:
                 r[R["preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
+            n_dec, _, _, owed, _ = env.batch_shape()
+            self.run_tokens = n_dec + owed
+            r[R["batch_tokens"]] = self.log_tokens(self.run_tokens)
             self.run_obs = r
         n_sel = len(dp.sel)
         if not n_sel:
@@ -265,6 +270,7 @@ class ObservationBuilder:
         inv = 1.0 / n_res
         r[_HIST] = (dp.run_hist + dp.sel_hist) * inv
         r[R["selected"]] = math.log1p(n_sel) * self.inv_log_cap
+        r[R["batch_tokens"]] = self.log_tokens(self.run_tokens + dp.sel_tokens)
         return r
 
     def _globals(self, env) -> np.ndarray:
