@@ -158,6 +158,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_benchmark(args: argparse.Namespace) -> int:
+    from llmsched_gym.benchmark import run_benchmark
+
+    policies: list[str | dict[str, Any]] = []
+    for spec in args.policy or []:
+        name, _, params = spec.partition(":")
+        policies.append({"name": name, **_parse_sets([p for p in params.split(",") if p.strip()], "--policy")}
+                        if params else name)
+    say = None if args.quiet else (lambda m: print(f"  {m}", flush=True))
+    results = run_benchmark(args.task, policies, args.agent, quick=args.quick, best_model=args.best, out=args.out,
+                            progress=say)
+    if not args.quiet:
+        print(f"leaderboard: {Path(args.out) / 'leaderboard.md'} ({results['wall_s']:.0f}s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmsched", description="LLM inference scheduling gym and simulator")
     sub = p.add_subparsers(dest="command", required=True)
@@ -184,6 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--only", action="append", help="sections: engine, env (repeatable)")
     sp.add_argument("--json", default=None)
     sp.set_defaults(func=cmd_bench)
+
+    sp = sub.add_parser("benchmark", help="the fixed task suite: score policies and agents against the baselines")
+    sp.add_argument("--task", action="append", help="a task of the suite (repeatable; default: all)")
+    sp.add_argument("--policy", action="append", metavar="NAME[:k=v,...]",
+                    help="an extra (parameterised) policy to score (repeatable)")
+    sp.add_argument("--agent", action="append", metavar="RUN_DIR", help="a trained agent to score (repeatable)")
+    sp.add_argument("--best", action="store_true", help="agents: use best_model.zip instead of model.zip")
+    sp.add_argument("--quick", action="store_true", help="two tasks, small workloads, two seeds (CI)")
+    sp.add_argument("--out", default="runs/benchmark", help="output folder (default: runs/benchmark)")
+    sp.add_argument("--quiet", action="store_true")
+    sp.set_defaults(func=cmd_benchmark)
 
     for extra in ("agents.cli", "llmsched_gym.backends.gpu.cli", "llmsched_gym.reproduce.cli"):
         _maybe_add(sub, extra)
