@@ -20,6 +20,9 @@ Readings and departures (digest ambiguities 1-5, recommended readings):
    no completion for that many iterations); the summary reports ``non_terminating`` and
    ``stop_reason``, not the digest's identical-state test.
 
+A running request whose prefill another policy left unfinished (the env's ``meta`` mode) is
+finished first and counts in the usage (:func:`~baselines.base.finish_prefills`).
+
 ``alpha = 0`` (no protection) is accepted as a limiting case. If nothing runs and the head
 request's prompt alone exceeds the threshold, it is started anyway (otherwise the run deadlocks).
 """
@@ -30,7 +33,7 @@ from typing import Any
 
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
-from .base import PolicyError, configure, register
+from .base import PolicyError, configure, finish_prefills, register
 
 
 @register("alpha-greedy")
@@ -51,8 +54,9 @@ class AlphaGreedy(Scheduler):
 
     def schedule(self, view: EngineView) -> BatchPlan:
         limit = (1.0 - self.alpha) * view.kv_capacity
-        usage = view.kv_used
         bs = view.block_size
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
+        usage = view.kv_used + blocks * bs
         target = view.prefill_target
         admit: list[int] = []
         for rid in view.waiting:
@@ -63,8 +67,8 @@ class AlphaGreedy(Scheduler):
             admit.append(rid)
         if not admit and not view.running:
             admit.append(view.waiting[0])
-        if admit:
-            return BatchPlan.admit(admit)
+        if admit or cont:
+            return BatchPlan.admit(cont + admit)
         # usage only grows until a completion or a clear, so the head keeps failing
         return BatchPlan.decode_only(hold=True)
 

@@ -51,6 +51,12 @@ Departures and readings (digest recommendations unless stated):
 * The predictor samples the online KV demand (running online KV + waiting online prompts) every
   iteration, averages it per second and keeps ``window_s`` seconds (the paper: one hour of a real
   day; scale it down with time-compressed scenarios).
+* Switching policies (the env's ``meta`` mode): the queues drop what another policy admitted
+  (``_sync``); running requests are read from the engine at every decision, so another policy's
+  unfinished prefills continue as the policy's own do. ``echo``'s task-aware eviction order,
+  installed on the engine's prefix cache at the first arrival, stays in force while another
+  candidate decides; ``deadline="separate"`` dates a first token produced under another policy
+  at Echo's next decision.
 * Block accounting is exact (forced ``overflow=forbid``): the policy preempts, never the engine.
   When online decodes alone do not fit, the newest online request is preempted (vLLM's rule).
 
@@ -71,6 +77,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from llmsched_gym.core.engine import REJECTED, WAITING
 from llmsched_gym.core.request import ONLINE
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
@@ -420,16 +427,41 @@ class EchoFamily(Scheduler):
 
     # ---- the policy -----------------------------------------------------------------------
     def _sync(self, view: EngineView) -> None:
-        """Drop the queued requests another policy admitted (the env's ``meta`` mode switches
-        policies); a single-policy run never has any (the counts match)."""
+        """Make the online queue and the offline pool exactly the waiting requests (the env's
+        ``meta`` mode switches policies): requests another policy admitted go, as do those the
+        active policy rejected (an offline one no longer counts for its prefix chain), and of a
+        request that came back preempted only its new entry stays (the one at the front, or in
+        the group it was last added to). Every arrival and preemption is queued here, so equal
+        counts mean nothing to drop, as in every single-policy run."""
         if len(self._online) + self._n_pool == len(view.waiting):
             return
         state = view.state
-        self._online = deque(r for r in self._online if state[r] == 1)
-        pooled = list(self._fcfs) if not self.greedy else list(self._where)
-        for r in pooled:
-            if state[r] != 1:
-                self._pool_take(r)
+        seen: set[int] = set()
+
+        def fresh(r: int) -> bool:
+            if state[r] != WAITING or r in seen:
+                return False
+            seen.add(r)
+            return True
+
+        self._online = deque(r for r in self._online if fresh(r))
+        if not self.greedy:
+            self._fcfs = deque(r for r in self._fcfs if fresh(r))
+            self._n_pool = len(self._fcfs)
+            return
+        where = self._where
+        for key, group in self._groups.items():
+            if group:
+                self._groups[key] = deque(r for r in group if where.get(r) == key and fresh(r))
+        for r in where:
+            if r not in seen and state[r] == REJECTED:
+                chain = self._chain(r)
+                if chain:
+                    self._count[chain] -= 1
+                    if self.task_aware:
+                        self._kv.reprioritize(self._chains[chain])
+        self._where = {r: k for r, k in where.items() if r in seen}
+        self._n_pool = len(self._where)
 
     def schedule(self, view: EngineView) -> BatchPlan:
         if not self._ready:

@@ -4,7 +4,8 @@ Running requests always continue; waiting requests are admitted in queue (arriva
 their prompt plus one generated token fits in the free KV right now; admission stops at the first
 request that does not fit (strict head-of-line). With ``admission="reserve"`` a request is admitted
 only if every running and admitted request can finish without overflow (its full output is
-reserved), so nothing is ever evicted.
+reserved), so nothing is ever evicted. A running request whose prefill another policy left unfinished
+(the env's ``meta`` mode) is finished first (:func:`~baselines.base.finish_prefills`).
 
 This is the plain engine exercise policy, not a paper's algorithm; the papers' FCFS variants
 (seed 003's FCFS-greedy-LIFO, vLLM) are separate baselines.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
-from .base import PolicyError, configure, register
+from .base import PolicyError, configure, finish_prefills, register
 
 
 @register("fcfs")
@@ -27,8 +28,9 @@ class FCFS(Scheduler):
             raise PolicyError(f"policy.admission: {self.admission!r} is not one of fit, reserve")
 
     def schedule(self, view: EngineView) -> BatchPlan:
-        free = view.kv_free
         bs = view.block_size
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
+        free = view.kv_free - blocks * bs
         prompt = view.prompt_tokens
         admit: list[int] = []
         n_run = len(view.running)
@@ -49,4 +51,4 @@ class FCFS(Scheduler):
                 break
             free -= need
             admit.append(rid)
-        return BatchPlan.admit(admit, hold=not admit)
+        return BatchPlan.admit(cont + admit, hold=not (cont or admit))

@@ -28,6 +28,9 @@ Departures from the paper, with reasons:
   at the head, as in vLLM), which equals ``argmin t`` when nothing is preempted.
 * The k-LPM step counter runs across iterations and is consumed only by admitted picks; it does not
   reset when the queue empties unless ``reset_on_empty`` (the paper leaves both open).
+* Switching policies (the env's ``meta`` mode): the pick order is always built over the engine's
+  queue; a running request another policy left mid-prefill is finished first
+  (:func:`~baselines.base.finish_prefills`); the k-LPM step counter only counts this policy's picks.
 * ``hit_metric="ratio"`` ranks by matched / prompt tokens (the paper's "hit rate" may mean either;
   SGLang and our default use absolute tokens). ``ties="stable"`` breaks ties by queue order.
 """
@@ -43,7 +46,7 @@ import numpy as np
 
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
-from .base import PolicyError, configure, register
+from .base import PolicyError, configure, finish_prefills, register
 
 COMMON = {"memory": "reserve", "max_batch": 0, "max_prefill_tokens": 0}
 
@@ -68,7 +71,6 @@ class _PrefixAware(Scheduler):
     def reset(self, config, rng: np.random.Generator) -> None:
         super().reset(config, rng)
         self._prefix: list | None = None
-        self._waiting: set[int] = set()
         self._by_need: list[tuple[int, int]] = []  # (need, request) heap, pruned lazily
 
     # ---- memory, as fcfs: whole blocks, optionally reserving the predicted output ----------
@@ -88,7 +90,6 @@ class _PrefixAware(Scheduler):
         return free
 
     def _track(self, rid: int, view: EngineView) -> None:
-        self._waiting.add(rid)
         heapq.heappush(self._by_need, (self._need(view, rid), rid))
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
@@ -98,9 +99,11 @@ class _PrefixAware(Scheduler):
     def on_preempt(self, req_id: int, view: EngineView) -> None:
         self._track(req_id, view)
 
-    def _min_need(self) -> float:
-        h = self._by_need
-        while h and h[0][1] not in self._waiting:
+    def _min_need(self, view: EngineView) -> float:
+        """The smallest need among the waiting requests; entries of requests no longer waiting
+        (admitted here or, in the env's ``meta`` mode, by another policy) are dropped."""
+        h, state = self._by_need, view.state
+        while h and state[h[0][1]] != 1:
             heapq.heappop(h)
         return h[0][0] if h else math.inf
 
@@ -132,13 +135,14 @@ class _PrefixAware(Scheduler):
 
     def schedule(self, view: EngineView) -> BatchPlan:
         waiting = view.waiting
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
         if not waiting:
-            return BatchPlan.decode_only(hold=True)
-        free = self._free(view)
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
+        free = self._free(view) - blocks * view.block_size
         room = self.max_batch - len(view.running) if self.max_batch else len(waiting)
-        if room <= 0 or self._min_need() > free:
+        if room <= 0 or self._min_need(view) > free:
             # nothing can start before a completion or an arrival, whatever the order
-            return BatchPlan.decode_only(hold=True)
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
         prompt = view.prompt_tokens
         admit: list[int] = []
         tokens = 0
@@ -155,11 +159,10 @@ class _PrefixAware(Scheduler):
             free -= need
             tokens += p
             admit.append(rid)
-            self._waiting.discard(rid)
         self._consumed(len(admit), len(admit) == len(waiting))
         # something fits but the order's head does not: matches may change (LRU evictions), so
         # the policy must look again next iteration
-        return BatchPlan.admit(admit, hold=False) if admit else BatchPlan.decode_only(hold=False)
+        return BatchPlan.admit(cont + admit, hold=False) if admit or cont else BatchPlan.decode_only(hold=False)
 
 
 @register("lpm")

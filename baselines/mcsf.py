@@ -28,6 +28,9 @@ Readings and departures (digest recommendations unless noted):
   re-prefill and its predicted remaining output; the queue order stays the paper's ``o_i``.
 * Paged KV (``block_size > 1``, outside the paper): each request is charged ``block_size - 1``
   extra tokens for its partly filled last block, so the test stays a sufficient condition.
+* Switching policies (the env's ``meta`` mode): the queue drops what another policy admitted
+  (:meth:`MCSF.sync`), and a running request another policy left mid-prefill is finished
+  (:func:`~baselines.base.finish_prefills`) and counted in the test as a candidate started now.
 * If nothing runs and the first candidate fails (only when its predicted peak, or its paged
   charge, exceeds M alone), it is started anyway, otherwise the worker would wait forever.
 """
@@ -41,7 +44,7 @@ import numpy as np
 
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
-from .base import PolicyError, configure, register
+from .base import PolicyError, configure, finish_prefills, register
 
 if TYPE_CHECKING:
     from llmsched_gym.core.engine import EngineConfig
@@ -132,9 +135,19 @@ class MCSF(Scheduler):
 
     def profile(self, view: EngineView) -> CompletionProfile:
         """The running requests' future memory (each decodes one token per iteration)."""
-        run = np.asarray(view.running, dtype=np.int64)
-        remaining = np.maximum(self._lengths(view)[run] - view.generated[run], 1)
-        return CompletionProfile(view.kv_tokens[run] + 1 + self._pad, remaining - 1, view.kv_capacity)
+        return self.profile_of(view, view.running)
+
+    def profile_of(self, view: EngineView, run: list[int]) -> CompletionProfile:
+        """The future memory of the running requests ``run``. One whose prefill another policy
+        left unfinished (the env's ``meta`` mode) is counted as a candidate started now."""
+        ids = np.asarray(run, dtype=np.int64)
+        remaining = np.maximum(self._lengths(view)[ids] - view.generated[ids], 1)
+        bases, lasts = view.kv_tokens[ids] + 1 + self._pad, remaining - 1
+        if view.n_in_prefill:
+            mid = view.prefilled[ids] < view.prefill_target[ids]
+            bases[mid] = view.prefill_target[ids][mid] + self._emits + self._pad
+            lasts[mid] = remaining[mid] - self._emits
+        return CompletionProfile(bases, lasts, view.kv_capacity)
 
     def candidate(self, view: EngineView, rid: int) -> tuple[int, int]:
         """``(base, last)`` of ``rid`` if started now: its (re-)prefill, then one token per iteration."""
@@ -146,17 +159,22 @@ class MCSF(Scheduler):
         return base, remaining - self._emits
 
     def sync(self, view: EngineView) -> list[tuple[int, int]]:
-        """The queue without the requests another policy admitted (the env's ``meta`` mode
-        switches policies); a single-policy run never has any (the lengths match)."""
+        """The queue made exactly the waiting requests (the env's ``meta`` mode switches
+        policies): entries another policy admitted go, and of a request it admitted that came
+        back preempted only the first entry stays (the smaller key: its remaining output). The
+        queue holds every waiting request (every arrival and preemption is queued), so equal
+        lengths mean nothing to drop, as in every single-policy run."""
         if len(self._queue) != len(view.waiting):
             state = view.state
-            self._queue = [q for q in self._queue if state[q[1]] == 1]
+            seen: set[int] = set()
+            self._queue = [q for q in self._queue if state[q[1]] == 1 and not (q[1] in seen or seen.add(q[1]))]
         return self._queue
 
     def schedule(self, view: EngineView) -> BatchPlan:
         queue = self.sync(view)
+        cont = finish_prefills(view)[0]  # only in the env's meta mode (profile() counts them)
         if not queue:
-            return BatchPlan.decode_only(hold=True)
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
         prof = self.profile(view)
         admit: list[int] = []
         for _, rid in queue:
@@ -171,13 +189,13 @@ class MCSF(Scheduler):
         if not admit:
             # a later start lowers the candidate's memory at every running completion point, so
             # the test may pass without any engine event: no hold
-            return BatchPlan.decode_only(hold=False)
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=False)
         if queue[len(admit) - 1][1] == admit[-1]:
             del queue[: len(admit)]
         else:
             taken = set(admit)
             self._queue = [q for q in queue if q[1] not in taken]
-        return BatchPlan.admit(admit)
+        return BatchPlan.admit(cont + admit)
 
 
 @register("semi-online")

@@ -47,6 +47,9 @@ Readings and departures:
   run while paused requests hold the memory, every segment runs that step without thresholds
   (else the worker deadlocks). Decode overflow (the stochastic entry backlogs) goes to the
   engine's LIFO preemption in the scenario's preemption mode (the paper: full restart).
+* Switching policies (the env's ``meta`` mode): the policy reads everything from the engine; a
+  running request another policy left mid-prefill is finished in the next step that runs
+  (:func:`~baselines.base.finish_prefills`).
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ import numpy as np
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.fluid import nested_mpi, nested_wait_thresholds, theta_root
 
-from .base import PolicyError, configure, register
-from .wait import admit_fitting, check_threshold_rule, linear_coefficients
+from .base import PolicyError, configure, finish_prefills, register
+from .wait import admit_fitting, check_threshold_rule, linear_coefficients, unfinished_first
 
 
 def segment_boundaries(lengths: list[int], segments: int) -> list[int]:
@@ -218,18 +221,22 @@ class NestedWAIT(Scheduler):
             depth = 1
             while depth <= last and len(cells.get(bounds[depth - 1], ())) >= n[depth]:
                 depth += 1
-        admit, pause = self._select(view, depth, cells)
-        if not admit and len(pause) == len(view.running) and view.running:
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
+        admit, pause = self._select(view, depth, cells, blocks)
+        if not admit and not cont and len(pause) == len(view.running) and view.running:
             admit, pause = self._select(view, len(bounds), cells)  # memory deadlock: see the docstring
+        if cont:
+            return unfinished_first(cont, admit, pause)
         # the same decode-only plan comes back only while draining (entry cells empty as requests
         # advance, which changes the depth otherwise) and no cell outgrows a later threshold
         hold = drain and not admit and not pause and all(
             len(ids) <= self._min_after[min(bisect.bisect_right(bounds, g), last)] for g, ids in cells.items())
         return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, pause=pause, hold=hold)
 
-    def _select(self, view: EngineView, depth: int, cells: dict[int, list[int]]) -> tuple[list[int], set[int]]:
+    def _select(self, view: EngineView, depth: int, cells: dict[int, list[int]],
+                reserved: int = 0) -> tuple[list[int], set[int]]:
         """Segments ``1..depth`` advance up to n_k per stage; returns the prompts to prefill (those
-        that fit) and the resident requests to pause."""
+        that fit in what ``reserved`` blocks leave) and the resident requests to pause."""
         n, bounds = self.n, self.bounds
         last = len(bounds) - 1
         pause: set[int] = set()
@@ -241,4 +248,4 @@ class NestedWAIT(Scheduler):
             else:
                 runs.extend(ids[: n[k]])
                 pause.update(ids[n[k]:])
-        return admit_fitting(view, view.waiting[: n[0]], runs), pause
+        return admit_fitting(view, view.waiting[: n[0]], runs, reserved), pause

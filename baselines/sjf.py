@@ -15,6 +15,9 @@ otherwise continue. Admission stops at the first request that fails the test:
 * ``admission="fit"``: the prompt plus its first token fits in the KV left after this
   iteration's decodes; a later overflow goes to the engine's handler.
 
+Switching policies (the env's ``meta`` mode): as MC-SF, the queue drops what another policy
+admitted and a running request left mid-prefill is finished (never evicted for an admission).
+
 These are the classic size-based baselines, not a paper's algorithm. ``max_num_seqs`` (0 = no
 limit) caps the running set. With nothing running, the head of the queue is started even if it
 fails the test (else the worker would wait forever).
@@ -24,12 +27,10 @@ from __future__ import annotations
 
 import bisect
 
-import numpy as np
-
 from llmsched_gym.core.scheduler import BatchPlan, EngineView
 
-from .base import PolicyError, configure, register
-from .mcsf import MCSF, CompletionProfile
+from .base import PolicyError, configure, finish_prefills, register
+from .mcsf import MCSF
 
 
 @register("sjf")
@@ -50,12 +51,6 @@ class SJF(MCSF):
     def remaining(self, view: EngineView, rid: int) -> int:
         return max(int(self._lengths(view)[rid]) - int(view.generated[rid]), 1)
 
-    def profile_of(self, view: EngineView, run: list[int]) -> CompletionProfile:
-        """MC-SF's running-set profile, restricted to ``run``."""
-        ids = np.asarray(run, dtype=np.int64)
-        remaining = np.maximum(self._lengths(view)[ids] - view.generated[ids], 1)
-        return CompletionProfile(view.kv_tokens[ids] + 1 + self._pad, remaining - 1, view.kv_capacity)
-
     @staticmethod
     def free_after_decodes(view: EngineView) -> int:
         """Free KV once this iteration's decodes have taken their new blocks."""
@@ -65,12 +60,13 @@ class SJF(MCSF):
 
     def schedule(self, view: EngineView) -> BatchPlan:
         queue = self.sync(view)
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
         if not queue:
-            return BatchPlan.decode_only(hold=True)
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
         peak = self.admission == "peak"
         bs = view.block_size
         prof = self.profile(view) if peak else None
-        free = 0 if peak else self.free_after_decodes(view)
+        free = 0 if peak else self.free_after_decodes(view) - blocks * bs
         seqs = len(view.running)
         admit: list[int] = []
         preempt: list[int] = []
@@ -81,7 +77,7 @@ class SJF(MCSF):
             need = view.blocks_for(int(view.prefill_target[rid]) + 1) * bs
             ok = prof.fits(base, last) if prof is not None else need <= free
             if not ok and self.preemptive and not admit:
-                preempt = self._make_room(view, rid, need)
+                preempt = self._make_room(view, rid, need, blocks * bs)
                 if preempt:
                     gone = set(preempt)
                     if prof is not None:
@@ -104,19 +100,23 @@ class SJF(MCSF):
         # under "peak" a later start lowers the candidate's memory at the running requests'
         # completion points, so the test may pass without any engine event: hold only under "fit"
         hold = not admit and not preempt and not peak
-        return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, preempt=preempt, hold=hold)
+        return BatchPlan(prefill={r: BatchPlan.FULL for r in cont + admit}, preempt=preempt, hold=hold)
 
-    def _make_room(self, view: EngineView, rid: int, need: int) -> list[int]:
+    def _make_room(self, view: EngineView, rid: int, need: int, reserved: int = 0) -> list[int]:
         """The fewest running requests with a longer predicted remaining than ``rid``'s (longest
-        first) whose eviction lets ``rid`` pass the admission test; empty if none suffice."""
+        first) whose eviction lets ``rid`` pass the admission test; empty if none suffice.
+        ``reserved``: tokens already taken by the unfinished prefills finished this iteration."""
         mine = self.remaining(view, rid)
-        longer = sorted((r for r in view.running if self.remaining(view, r) > mine),
+        running = view.running
+        if view.n_in_prefill:  # another policy's unfinished prefill is finished, not evicted
+            running = [r for r in running if view.prefilled[r] >= view.prefill_target[r]]
+        longer = sorted((r for r in running if self.remaining(view, r) > mine),
                         key=lambda r: (-self.remaining(view, r), -r))
         if not longer:
             return []
         base, last = self.candidate(view, rid)
         bs = view.block_size
-        free = self.free_after_decodes(view)
+        free = self.free_after_decodes(view) - reserved
 
         def passes(k: int) -> bool:
             if self.admission == "peak":

@@ -29,6 +29,8 @@ Departures:
   reserves one slot per sequence.
 * The watermark (vLLM v0's, default 1 % of the blocks) also guards v1 admissions, as the issue
   asks; set ``watermark=0`` for vLLM v1's exact rule.
+* v0 finishes a running request another policy left mid-prefill (the env's ``meta`` mode) in
+  its next prefill batch, ahead of the queue (:func:`~baselines.base.finish_prefills`).
 * v0: a prompt longer than ``max_num_batched_tokens`` is admitted alone (vLLM ignores it with an
   error; dropping requests would break the conservation invariant).
 * The view does not say which prefix blocks are shared: an admitted request is charged its hit
@@ -43,7 +45,7 @@ from __future__ import annotations
 from llmsched_gym.core.batching import BatchBuilder, chunk_blocks, decode_blocks, preempt_newest
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
-from .base import PolicyError, configure, register
+from .base import PolicyError, configure, finish_prefills, register
 
 VLLM_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute", "prefix_cap_prompt_minus_one": True}
 
@@ -127,12 +129,13 @@ class VLLMV0(Scheduler):
 
     def schedule(self, view: EngineView) -> BatchPlan:
         bs = view.block_size
-        free = view.kv_free // bs
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
+        free = view.kv_free // bs - blocks
         watermark = int(self.watermark * (view.kv_capacity // bs))
         target = view.prefill_target
         seqs = len(view.running)
-        prefill: dict[int, int] = {}
-        longest = 0
+        prefill: dict[int, int] = dict.fromkeys(cont, BatchPlan.FULL)
+        longest = max((int(target[r] - view.prefilled[r]) for r in cont), default=0)
         for rid in view.waiting:
             if seqs >= self.max_num_seqs:
                 break

@@ -63,6 +63,11 @@ Departures from the paper, with reasons:
 * RPM rejects (the artifact's sliding 60 s window over accepted requests; ``window="fixed"`` is
   the paper's per-minute window) instead of blocking; rejected requests are reported with
   ``reject_reason`` and count in ``n_rejected``.
+* Switching policies (the env's ``meta`` mode): a request another policy admitted leaves the
+  queues at the next decision or arrival and is charged as if admitted here (its prompt, and for
+  the predicting variants the predicted rest of its output; the tokens it produced were charged
+  as they came); RPM serves the requests it refused but the active policy accepted; a running
+  request left mid-prefill is finished first (:func:`~baselines.base.finish_prefills`).
 * DRR's refill visits every client in round-robin order (an idle client stops at a positive
   balance, which is what makes it mirror the lift); rounds in which nobody can be served are
   skipped in one arithmetic step instead of simulated.
@@ -78,10 +83,11 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.core.engine import DONE, REJECTED, WAITING
 from llmsched_gym.core.fairness import COST_NAMES, make_cost
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
-from .base import PolicyError, configure, register
+from .base import PolicyError, configure, finish_prefills, register
 
 ADMISSION_PARAMS: dict[str, Any] = {
     "admit_every": 10, "memory": "reserve", "batch_max_tokens": -1, "max_running": 1000,
@@ -216,31 +222,42 @@ class _FairAdmission(Scheduler):
         self._active.add(c)
         self._n_queued += 1
 
-    def _drop_head(self, c: int, view: EngineView) -> None:
-        rid = heapq.heappop(self._queue[c])
-        self._n_queued -= 1
-        if not self._queue[c]:
-            self._active.discard(c)
-        self._on_admit(rid, c, view)
-
     def _sync(self, view: EngineView) -> None:
-        """Drop queue entries another policy admitted (the env's ``meta`` mode switches policies),
-        charging them as if admitted here; a single-policy run never has any (the count matches;
-        when a rejecting policy's count matches by chance, the selection loop drops them)."""
+        """Make the queues exactly the waiting requests (the env's ``meta`` mode switches
+        policies): a request another policy admitted leaves its queue and is charged as if
+        admitted here, one the active policy rejected leaves uncharged, and of a request that
+        came back preempted one entry stays. The queues hold every waiting request (every
+        arrival and preemption is queued; RPM first adopts the ones it refused but the active
+        policy accepted), so an equal count means nothing to drop, as in every single-policy run.
+        A client whose queue empties leaves the waiting set (``_last_left``: the one with the
+        highest counter among them, for the idle lift)."""
         if self._n_queued == len(view.waiting):
             return
         state = view.state
-        for c in list(self._active):
-            q = self._queue[c]
-            keep = [r for r in q if state[r] == 1]
-            for r in q:
-                if state[r] != 1:
+        seen: set[int] = set()
+        left = []
+        for c in sorted(self._active):
+            keep = []
+            for r in self._queue[c]:
+                if r in seen:
+                    continue
+                seen.add(r)
+                st = state[r]
+                if st == WAITING:
+                    keep.append(r)
+                elif st != REJECTED:
                     self._on_admit(r, c, view)
             heapq.heapify(keep)
             self._queue[c] = keep
             if not keep:
                 self._active.discard(c)
+                left.append(c)
         self._n_queued = sum(len(self._queue[c]) for c in self._active)
+        if left:
+            self._last_left = max(left, key=self._left_rank)
+
+    def _left_rank(self, c: int) -> float:
+        return 0.0
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
         if not self._ready:
@@ -268,13 +285,16 @@ class _FairAdmission(Scheduler):
     def schedule(self, view: EngineView) -> BatchPlan:
         if self._ready:
             self._sync(view)
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
         if not self._active:
-            return BatchPlan.decode_only(hold=True)
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
         n_run = len(view.running)
         if n_run and view.iteration - self._admit_iter <= self.admit_every:
-            return BatchPlan.decode_only(hold=False)
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=False)
         mem = self._memory(view)
-        prompt, pred, state = view.prompt_tokens, view.predicted_output, view.state
+        if blocks and isinstance(mem, _FreeNow):
+            mem.free -= blocks * view.block_size  # the reservations count unfinished prefills
+        prompt, pred = view.prompt_tokens, view.predicted_output
         admitted: list[int] = []
         batch_tokens = 0
         while not (self.max_running and n_run + len(admitted) >= self.max_running):
@@ -282,9 +302,6 @@ class _FairAdmission(Scheduler):
             if c < 0:
                 break
             rid = self._queue[c][0]
-            if state[rid] != 1:  # admitted by another policy although the counts matched (rpm)
-                self._drop_head(c, view)
-                continue
             p, o = int(prompt[rid]), int(pred[rid])
             first = not admitted
             if not first and self._batch_cap and batch_tokens + p > self._batch_cap:
@@ -302,8 +319,8 @@ class _FairAdmission(Scheduler):
             self._on_admit(rid, c, view)
         if admitted:
             self._admit_iter = view.iteration
-            return BatchPlan.admit(admitted)
-        return BatchPlan.decode_only(hold=self._blocked(view, mem))
+            return BatchPlan.admit(cont + admitted)
+        return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=self._blocked(view, mem))
 
     def _blocked(self, view: EngineView, mem: _Reservation | _FreeNow) -> bool:
         """Whether only a completion or an arrival can change this failed attempt's outcome: the
@@ -359,11 +376,16 @@ class _CounterPolicy(_FairAdmission):
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
         if not self._ready:
             self._setup(view)
+        elif self._n_queued != len(view.waiting):
+            self._sync(view)  # the env's meta mode: whether the client waits, and the lift target
         c = int(self._client[req_id])
         if not self._queue[c]:
             self._lift(c)
         self._enqueue(req_id)
         return True
+
+    def _left_rank(self, c: int) -> float:
+        return float(self.counter[c])
 
     def _lift(self, c: int) -> None:
         """Counter lift of a client joining the waiting set (VTC only)."""
@@ -374,9 +396,19 @@ class _CounterPolicy(_FairAdmission):
                 self.counter[client] += self.w_p * float(view.prefill_target[rid]) / self._w[client]
             return
         self._charged[rid] = True
-        pred = self._predict(rid, view)
-        self._cq[rid] = pred
-        self.counter[client] += float(self.h(self._n_p[rid], pred)) / self._w[client]
+        cq = self._cq[rid]
+        if not cq:
+            pred = self._predict(rid, view)
+            self._cq[rid] = pred
+            self.counter[client] += float(self.h(self._n_p[rid], pred)) / self._w[client]
+            return
+        # admitted by another policy (the env's meta mode): its ``cq`` output tokens are charged
+        # already (h(n_p, cq) - h(n_p, 0)); charge the rest of h(n_p, max(cq, prediction)), no
+        # prediction once it is done
+        p = self._n_p[rid]
+        new = cq if view.state[rid] == DONE else max(cq, self._predict(rid, view))
+        self._cq[rid] = new
+        self.counter[client] += float(self.h(p, new) - self.h(p, cq) + self.h(p, 0)) / self._w[client]
 
     def on_tokens(self, req_ids: np.ndarray, n: int, view: EngineView) -> None:
         g = view.generated[req_ids]
@@ -516,6 +548,7 @@ class RPM(_FairAdmission):
     def _setup(self, view: EngineView) -> None:
         super()._setup(view)
         self._accepted: list[deque[float]] = [deque() for _ in range(self.n_clients)]
+        self._refused: list[int] = []
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
         if not self._ready:
@@ -527,10 +560,23 @@ class RPM(_FairAdmission):
             while acc and acc[0] < start:
                 acc.popleft()
             if len(acc) >= self.limit:
+                self._refused.append(req_id)
                 return False
             acc.append(t)
         self._enqueue(req_id)
         return True
+
+    def _sync(self, view: EngineView) -> None:
+        """First adopt the requests this policy refused but the active one accepted (the env's
+        ``meta`` mode): they wait in the engine's queue and are served FCFS like the others
+        (without counting in the window). A single-policy run refuses only rejected ones."""
+        if self._refused:
+            state = view.state
+            for r in self._refused:
+                if state[r] == WAITING:
+                    self._enqueue(r)
+            self._refused.clear()
+        super()._sync(view)
 
     def reject_reason(self, req_id: int) -> str:
         c = int(self._client[req_id])

@@ -41,6 +41,10 @@ Readings and departures:
   prompts hold the memory, every type runs that step without thresholds (else the worker would
   deadlock). Decode overflow (lengths that differ from the type's, M^pi > C) goes to the
   engine's LIFO preemption in the scenario's mode (the paper: full restart).
+* Switching policies (the env's ``meta`` mode): both policies read the queue and the running
+  set from the engine; a running request another policy left mid-prefill is finished in the
+  next step that runs (:func:`~baselines.base.finish_prefills`; WAIT's idle steps keep it
+  resident like the paused ones).
 * fcfs-greedy-lifo: the evicted prompts re-enter at the head of the queue (the engine's rule;
   the paper says "as new arrivals", which only matters when the queue does not fit at once).
   Under a persistent backlog the cycle settles at 3 completions per iteration with an even
@@ -59,7 +63,7 @@ from llmsched_gym.core.latency import LatencyModel, LinearKVLatency
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.fluid import stage_memory, wait_thresholds_fluid, wait_thresholds_practical
 
-from .base import PolicyError, configure, register
+from .base import PolicyError, configure, finish_prefills, register
 
 PAPER_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "restart"}
 
@@ -89,9 +93,9 @@ class FCFSGreedyLIFO(Scheduler):
     def schedule(self, view: EngineView) -> BatchPlan:
         bs = view.block_size
         free = view.kv_free // bs
-        room = free
+        cont, need = finish_prefills(view)  # only in the env's meta mode
+        room = free - need
         admit: list[int] = []
-        need = 0
         for rid in view.waiting:
             hit = view.prefix_match(rid)
             c = chunk_blocks(view, rid, hit, int(view.prefill_target[rid]) - hit) + hit // bs
@@ -111,8 +115,12 @@ class FCFSGreedyLIFO(Scheduler):
             preempt.append(victim)
             free += held_blocks(view, victim)
             need -= grow[victim]
-        hold = not admit and not preempt
-        return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, preempt=preempt, hold=hold)
+            if victim in cont:
+                cont.remove(victim)
+                need -= chunk_blocks(view, victim, int(view.kv_tokens[victim]),
+                                     int(view.prefill_target[victim] - view.prefilled[victim]))
+        hold = not admit and not preempt and not cont
+        return BatchPlan(prefill={r: BatchPlan.FULL for r in cont + admit}, preempt=preempt, hold=hold)
 
 
 def type_stats(view: EngineView, rates: list) -> list[tuple[float, float, float]]:
@@ -223,13 +231,16 @@ class WAIT(Scheduler):
             ready = {j for j, q in queues.items() if len(q) >= n[j]}
             if not ready:
                 return BatchPlan.wait()
-        admit, pause = self._select(view, ready, queues)
-        if not admit and len(pause) == len(view.running) and view.running:
+        cont, blocks = finish_prefills(view)  # only in the env's meta mode
+        admit, pause = self._select(view, ready, queues, blocks)
+        if not admit and not cont and len(pause) == len(view.running) and view.running:
             admit, pause = self._select(view, every, queues)  # memory deadlock: see the docstring
-        return BatchPlan(prefill={r: BatchPlan.FULL for r in admit}, pause=pause, hold=not admit and not pause)
+        return unfinished_first(cont, admit, pause)
 
-    def _select(self, view: EngineView, ready: set[int], queues: dict[int, list[int]]) -> tuple[list[int], set[int]]:
-        """The prompts of ``ready`` types to prefill (those that fit) and the resident ones to pause."""
+    def _select(self, view: EngineView, ready: set[int], queues: dict[int, list[int]],
+                reserved: int = 0) -> tuple[list[int], set[int]]:
+        """The prompts of ``ready`` types to prefill (those that fit in what ``reserved`` blocks
+        leave) and the resident ones to pause."""
         n, tid, gen = self.n, view.workload.type_id, view.generated
         taken: dict[tuple[int, int], int] = {}
         pause = set()
@@ -245,14 +256,15 @@ class WAIT(Scheduler):
                     continue
             pause.add(rid)
         candidates = [rid for j in sorted(ready) if j in queues for rid in queues[j][: n[j]]]
-        return admit_fitting(view, candidates, runs), pause
+        return admit_fitting(view, candidates, runs, reserved), pause
 
 
-def admit_fitting(view: EngineView, candidates: list[int], runs: list[int]) -> list[int]:
+def admit_fitting(view: EngineView, candidates: list[int], runs: list[int], reserved: int = 0) -> list[int]:
     """The head of ``candidates`` whose prefills fit in the KV left after this step's decodes of
-    ``runs`` (never binds when M^pi <= C; the guard of the WAIT docstrings)."""
+    ``runs`` and ``reserved`` blocks (never binds when M^pi <= C; the guard of the WAIT
+    docstrings)."""
     bs = view.block_size
-    free = view.kv_free // bs - sum(decode_blocks(view, r) for r in runs)
+    free = view.kv_free // bs - sum(decode_blocks(view, r) for r in runs) - reserved
     out = []
     for rid in candidates:
         hit = view.prefix_match(rid)
@@ -262,3 +274,12 @@ def admit_fitting(view: EngineView, candidates: list[int], runs: list[int]) -> l
         free -= need
         out.append(rid)
     return out
+
+
+def unfinished_first(cont: list[int], admit: list[int], pause: set[int]) -> BatchPlan:
+    """WAIT's step plan: prefill the unfinished prefills ``cont`` another policy left (the env's
+    ``meta`` mode; never paused) and the admitted prompts; pause the rest of the resident set."""
+    if cont:
+        pause = pause.difference(cont)
+    return BatchPlan(prefill={r: BatchPlan.FULL for r in cont + admit}, pause=pause,
+                     hold=not admit and not pause and not cont)
