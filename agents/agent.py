@@ -43,7 +43,7 @@ def is_maskable(model: Any) -> bool:
 class Agent:
     """A model plus the observation normalisation it was trained with.
 
-    :ivar name: the label in reports (the run folder's name).
+    :ivar name: the label in reports, named for what it is (:func:`describe_run`).
     :ivar env_kwargs: the env settings it was trained with (action mode, admission, K, ...).
     """
 
@@ -113,8 +113,22 @@ def load_agent(path: str | Path, best: bool = False) -> Agent:
             vecnorm = pickle.load(f)
         assert isinstance(vecnorm, VecNormalize)
         vecnorm.training = False
-    return Agent(run_dir.name, model, vecnorm, meta.get("env_kwargs", {}), meta.get("scenario"),
+    return Agent(describe_run(meta, run_dir.name), model, vecnorm, meta.get("env_kwargs", {}), meta.get("scenario"),
                  meta.get("overrides", {}))
+
+
+def describe_run(meta: dict[str, Any], folder: str) -> str:
+    """An agent's label in reports, named for what it is: ``maskable-ppo (bc: sarathi, 41k steps)``
+    (the run folder's name when ``run.json`` is missing)."""
+    if not meta:
+        return folder
+    steps = int(meta.get("timesteps") or 0)
+    size = f"{steps / 1e6:.3g}M" if steps >= 1_000_000 else f"{steps / 1e3:.3g}k" if steps >= 1000 else str(steps)
+    bc = (meta.get("bc") or {}).get("policy")
+    if isinstance(bc, dict):
+        bc = bc.get("name", "") + ":" + ",".join(f"{k}={v}" for k, v in bc.items() if k != "name")
+    what = f"bc: {bc}, {size} steps" if bc else f"{size} steps"
+    return f"{meta.get('algo', 'agent')} ({what})"
 
 
 def vecnormalize_path(model_path: Path) -> Path:

@@ -43,13 +43,22 @@ SUMMARY_SCALARS: list[tuple[str, Callable[[dict], float]]] = [
 
 
 class SummaryScalarsCallback(BaseCallback):
-    """Record the scheduling metrics of finished episodes (``info["summary"]``) every rollout."""
+    """Record the scheduling metrics of finished episodes (``info["summary"]``) every rollout, and
+    the behaviour-cloning phase (``bc/*``: accuracy, loss, samples, seconds) once, at step 0."""
 
-    def __init__(self) -> None:
+    def __init__(self, bc: dict | None = None) -> None:
         super().__init__()
         self._fresh: list[dict] = []
         self._last: list[dict] = []
         self.n_episodes = 0
+        self.bc = bc or {}
+
+    def _on_training_start(self) -> None:
+        for key in ("bc_accuracy", "bc_loss", "bc_samples", "bc_seconds", "expert_e2e_mean_s", "inexpressible_frac"):
+            if key in self.bc:
+                self.logger.record(f"bc/{key.removeprefix('bc_')}", float(self.bc[key]))
+        if self.bc:
+            self.logger.dump(self.num_timesteps)
 
     def _on_step(self) -> bool:
         for info in self.locals.get("infos", ()):

@@ -60,6 +60,10 @@ def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[
     t0 = time.perf_counter()
     agents = [load_agent(m, best=best) for m in models]
     names = [a.name for a in agents]
+    if len(set(names)) != len(names):  # same algorithm, start and length: tell them apart by folder
+        for a, m in zip(agents, models, strict=True):
+            a.name = f"{a.name} [{Path(m).name}]"
+        names = [a.name for a in agents]
     if len(set(names)) != len(names):
         raise ValueError(f"model: two agents share a name ({names}); give their run folders distinct names")
     records: list[RunRecord] = []

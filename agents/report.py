@@ -256,6 +256,35 @@ def agent_vs_best(agg: dict, agents: Iterable[str], metrics: Iterable[str] = ("e
     return out
 
 
+def paired_vs_baselines(records: list[RunRecord], agg: dict, agent: str, metric: str = "e2e_mean_s",
+                        top: int = 5, exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The agent against the ``top`` best complete baselines (by mean ``metric``; ``exclude``: other
+    agents), paired by seed: per baseline the mean relative difference ``(agent - baseline) /
+    baseline`` over the seeds with its 95% t-interval, and a verdict (better, worse, or a tie when
+    the interval includes 0)."""
+    lower = next(m[3] for m in METRICS if m[0] == metric)
+    skip = {agent, *exclude}
+    out = []
+    for load in sorted(agg):
+        per = agg[load]
+        if agent not in per:
+            continue
+        mine = {r.seed: r.metrics()[metric] for r in records if r.policy == agent and r.load == load}
+        base = [p for p in per if p not in skip and per[p]["completed_frac"]["mean"] >= COMPLETE_FRAC
+                and np.isfinite(per[p][metric]["mean"])]
+        base.sort(key=lambda p: per[p][metric]["mean"] if lower else -per[p][metric]["mean"])
+        for b in base[:top]:
+            theirs = {r.seed: r.metrics()[metric] for r in records if r.policy == b and r.load == load}
+            rel = [(mine[s] - theirs[s]) / theirs[s] for s in mine if s in theirs and theirs[s]]
+            m, h, n = mean_ci(rel)
+            better = (m < 0) if lower else (m > 0)
+            verdict = ("better" if better else "worse") if np.isfinite(h) and abs(m) > h else "tie (CI includes 0)"
+            out.append({"load": load, "baseline": b, "baseline_mean": per[b][metric]["mean"],
+                        "agent_mean": per[agent][metric]["mean"], "paired_rel": m, "paired_rel_ci95": h, "n": n,
+                        "verdict": verdict})
+    return out
+
+
 LINE_PLOT_BASELINES = 8
 
 
@@ -359,7 +388,6 @@ def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any]
         "runs": [{"policy": r.policy, "seed": r.seed, "load": r.load, "metrics": r.metrics(), "summary": r.summary}
                  for r in records],
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
     with (out / "results.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["load", "policy", "metric", "mean", "ci95_low", "ci95_high", "n"])
@@ -375,6 +403,16 @@ def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any]
     lines = agent_vs_best(agg, agents)
     if lines:
         md += ["## Agent vs the best baseline", ""] + [f"- {x}" for x in lines] + [""]
+    for a in agents:
+        pairs = paired_vs_baselines(records, agg, a, exclude=agents)
+        if pairs:
+            md += [f"## {a}: paired per-seed differences in mean E2E against the five best baselines", "",
+                   "| load | baseline | baseline mean (s) | agent mean (s) | paired difference | verdict |",
+                   "|---|---|---:|---:|---:|---|"]
+            md += [f"| x{x['load']:g} | {x['baseline']} | {x['baseline_mean']:.3f} | {x['agent_mean']:.3f} | "
+                   f"{100 * x['paired_rel']:+.1f}% ± {100 * x['paired_rel_ci95']:.1f}% | {x['verdict']} |" for x in pairs]
+            md += [""]
+            results.setdefault("paired", {})[a] = pairs
     md += ["## Results", "", markdown_tables(agg, agents),
            f"† completed fewer than {COMPLETE_FRAC:.0%} of the requests: its latencies cover the completed "
            "ones only, so it is not eligible for best.", ""]
@@ -383,6 +421,7 @@ def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any]
     if pngs:
         md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in pngs] + [""]
     (out / "report.md").write_text("\n".join(md))
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=float) + "\n")
     return results
 
 

@@ -345,10 +345,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     bc: dict[str, Any] = {}
     bc_cfg = hp["bc"]
     if bc_cfg["from"] and not cfg.resume:
+        t_bc = time.perf_counter()
         obs, masks, acts, info = collect_demonstrations(cfg.scenario, env_kwargs, bc_cfg["from"], bc_cfg["episodes"],
                                                         base + 500)
         bc = {"policy": bc_cfg["from"], **info, **behaviour_clone(model, venv, obs, masks, acts, bc_cfg["epochs"],
                                                                    seed=cfg.seed)}
+        bc["bc_seconds"] = time.perf_counter() - t_bc
+        if cfg.progress:
+            teacher = bc_cfg["from"] if isinstance(bc_cfg["from"], str) else bc_cfg["from"].get("name")
+            print(f"      behaviour cloning of {teacher}: {bc['bc_samples']} steps from {bc_cfg['episodes']} episodes, "
+                  f"{bc_cfg['epochs']} epochs, accuracy {bc['bc_accuracy']:.3f}, {bc['bc_seconds']:.0f}s", flush=True)
 
     # settings and seeds first, so that checkpoints of an interrupted run can be evaluated
     meta: dict[str, Any] = {
@@ -370,7 +376,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     def evaluate(m: Any) -> dict:
         return run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
 
-    summaries = SummaryScalarsCallback()
+    summaries = SummaryScalarsCallback(bc)
     callbacks: list[Any] = [summaries, CheckpointCallback(max(1, cfg.checkpoint_every // n_envs),
                                                           str(run_dir / "checkpoints"), name_prefix="model",
                                                           save_vecnormalize=True)]

@@ -92,8 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"      {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s; "
           f"validation E2E x{meta['validation']['best_rel_e2e_mean_vs_best']:.3f} of the best baseline (best model)")
     print(f"[2/2] evaluating the agent and {len(policies)} baselines on seeds {seeds} ({eval_n} requests each)")
-    compare(args.scenario, seeds, [1.0], policies, [f"{args.out}/train"], {"workload.n_requests": eval_n}, {},
-            f"{args.out}/eval", plots=True, best=True)
+    results = compare(args.scenario, seeds, [1.0], policies, [f"{args.out}/train"], {"workload.n_requests": eval_n}, {},
+                      f"{args.out}/eval", plots=True, best=True)
+    for agent, pairs in results.get("paired", {}).items():
+        print(f"{agent}, mean E2E paired by seed against the five best baselines:")
+        for x in pairs:
+            print(f"  vs {x['baseline']:<14} {x['baseline_mean']:7.3f} s -> {x['agent_mean']:7.3f} s  "
+                  f"{100 * x['paired_rel']:+6.1f}% ± {100 * x['paired_rel_ci95']:.1f}%  {x['verdict']}")
+        best = pairs[0] if pairs else None
+        if best is not None and best["verdict"] != "better":
+            print(f"  the agent does not beat the best baseline ({best['baseline']}): {best['verdict']}")
     print(f"total {time.perf_counter() - t0:.0f}s; TensorBoard: tensorboard --logdir {args.out}")
     return 0
 
