@@ -185,10 +185,11 @@ class BatchBuilder:
         c = left if left <= self.budget else int(self.budget)
         if chunk_cap and c > chunk_cap:
             c = chunk_cap
-        need = chunk_blocks(view, rid, hit, left if self.reserve else c) + hit // bs
-        if check and self.free - need < self.watermark_blocks:
-            return False
-        self.free -= need
+        if check:
+            need = chunk_blocks(view, rid, hit, left if self.reserve else c) + hit // bs
+            if self.free - need < self.watermark_blocks:
+                return False
+            self.free -= need
         self.prefill[rid] = BatchPlan.FULL if self.budget == UNLIMITED else c
         self.budget -= c
         self.seqs += 1
