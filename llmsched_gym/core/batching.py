@@ -174,8 +174,9 @@ class BatchBuilder:
         """Phase 3: admit waiting request ``rid`` with a chunk of what the budget leaves.
 
         Returns False (and admits nothing) when the budget is spent, ``max_num_seqs`` is reached,
-        or, with ``check``, the blocks it needs would cut into the watermark. ``chunk_cap`` > 0
-        caps the chunk (vLLM's ``long_prefill_token_threshold``)."""
+        or, with ``check``, the blocks it needs would cut into the watermark (without ``check``
+        ``free`` is left as it is: the caller checked memory its own way). ``chunk_cap`` > 0 caps
+        the chunk (vLLM's ``long_prefill_token_threshold``)."""
         if self.budget <= 0 or (self.max_num_seqs is not None and self.seqs >= self.max_num_seqs):
             return False
         view = self.view
