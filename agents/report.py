@@ -213,9 +213,28 @@ def visible_metrics(agg: dict) -> list[tuple[str, str]]:
     return cols
 
 
-def markdown_tables(agg: dict, agents: Iterable[str] = ()) -> str:
-    """One markdown table per load level; the best mean per column is bold."""
+def identical_groups(records: list[RunRecord]) -> dict[tuple[float, str], str]:
+    """``(load, policy) -> the first policy`` whose per-seed metrics are identical to it (the same
+    decisions on these workloads, e.g. SJF and MC-SF while memory never binds)."""
+    by: dict[tuple[float, str], list[tuple]] = {}
+    for r in sorted(records, key=lambda r: r.seed):
+        by.setdefault((r.load, r.policy), []).append(tuple(sorted(r.metrics().items())))
+    first: dict[tuple, str] = {}
+    out: dict[tuple[float, str], str] = {}
+    for (load, pol), key in by.items():
+        k = (load, tuple(key))
+        if k in first:
+            out[(load, pol)] = first[k]
+        else:
+            first[k] = pol
+    return out
+
+
+def markdown_tables(agg: dict, agents: Iterable[str] = (), same: dict[tuple[float, str], str] | None = None) -> str:
+    """One markdown table per load level; the best mean per column is bold (not when several tie).
+    ``same``: policies identical to another on every seed (:func:`identical_groups`), marked ``(= X)``."""
     agents = set(agents)
+    same = same or {}
     cols = visible_metrics(agg)
     lines: list[str] = []
     for load in sorted(agg):
@@ -228,10 +247,14 @@ def markdown_tables(agg: dict, agents: Iterable[str] = ()) -> str:
             cells = []
             for k, _ in cols:
                 c = _cell(per[p][k], k)
-                cells.append(f"**{c}**" if best[k] == p else c)
+                b = best[k]
+                tied = b is not None and sum(_cell(per[q][k], k) == _cell(per[b][k], k) for q in per) > 1
+                cells.append(f"**{c}**" if b == p and not tied else c)
             name = f"**{p}** (agent)" if p in agents else p
             if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC:
                 name += " †"
+            if (load, p) in same:
+                name += f" (= {same[(load, p)]})"
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -413,9 +436,17 @@ def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any]
                    f"{100 * x['paired_rel']:+.1f}% ± {100 * x['paired_rel_ci95']:.1f}% | {x['verdict']} |" for x in pairs]
             md += [""]
             results.setdefault("paired", {})[a] = pairs
-    md += ["## Results", "", markdown_tables(agg, agents),
-           f"† completed fewer than {COMPLETE_FRAC:.0%} of the requests: its latencies cover the completed "
-           "ones only, so it is not eligible for best.", ""]
+    same = identical_groups(records)
+    incomplete = any(v["completed_frac"]["mean"] < COMPLETE_FRAC for per in agg.values() for v in per.values())
+    md += ["## Results", "", markdown_tables(agg, agents, same)]
+    if incomplete:
+        md += [f"† completed fewer than {COMPLETE_FRAC:.0%} of the requests: its latencies cover the completed "
+               "ones only, so it is not eligible for best."]
+    if same:
+        md += ["`(= X)`: identical to X on every seed: the two policies take the same decisions on these workloads "
+               "(e.g. SJF and MC-SF while memory never binds, or the VTC variants with one client)."]
+    md += ["Bold: the best mean of a column, unless several policies tie on it.", ""]
+    results["identical_to"] = {f"{load:g}/{p}": q for (load, p), q in same.items()}
     if skipped:
         md += ["## Skipped (not applicable)", ""] + [f"- `{k}`: {v}" for k, v in skipped.items()] + [""]
     if pngs:

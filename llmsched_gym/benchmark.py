@@ -184,6 +184,13 @@ def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
                                  else math.nan)  # an incomplete run's latencies cover the served requests only
         rows.append(row)
     rows.sort(key=lambda r: (not r["complete"], sign * r["mean"] if np.isfinite(r["mean"]) else math.inf))
+    first: dict[tuple, str] = {}
+    for row in rows:  # identical on every test seed: the same decisions on these workloads
+        key = tuple(row["values"])
+        if key in first:
+            row["same_as"] = first[key]
+        else:
+            first[key] = row["name"]
     return {"task": asdict(task), "best_baseline": best.name if best else None,
             "best_baseline_mean": mean(best) if best else math.nan,
             "best_static_tuning": tuned.name if tuned else None,
@@ -260,7 +267,9 @@ def leaderboard(results: dict[str, Any]) -> str:
              f"{p['validation_seed']}, training seeds {p['train_seeds']}" + (" (quick sizes)." if p["quick"] else "."),
              "Normalised score: 0 = fcfs, 1 = the best baseline at its defaults; above 1 beats it. "
              "Paired: the per-seed relative difference to the best baseline, mean and 95% t-interval. "
-             "Incomplete runs (requests left unserved) are listed last and never chosen as references.", ""]
+             "Incomplete runs (requests left unserved) are listed last and never chosen as references. "
+             "`(= X)`: identical to X on every test seed (the policies take the same decisions on these "
+             "workloads, e.g. SJF and MC-SF while memory never binds).", ""]
     notes = results.get("notes", {})
     for name, r in results["tasks"].items():
         t = r["task"]
@@ -275,6 +284,8 @@ def leaderboard(results: dict[str, Any]) -> str:
             ci = f" ± {row['ci95']:.3g}" if np.isfinite(row["ci95"]) else ""
             norm = f"{row['normalised'] + 0.0:.3f}" if np.isfinite(row.get("normalised", math.nan)) else "-"
             name_cell = row["name"] + ("" if row["complete"] else " (incomplete)")
+            if "same_as" in row:
+                name_cell += f" (= {row['same_as']})"
             lines.append(f"| {name_cell} | {row['kind']} | {row['mean']:.4g}{ci} | {row['std']:.3g} | {paired} | {norm} |")
         lines.append("")
     return "\n".join(lines)

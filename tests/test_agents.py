@@ -248,7 +248,13 @@ def test_compare_writes_report_tables_csv_and_plots(tmp_path, capsys):
     rows = (out / "results.csv").read_text().splitlines()
     assert rows[0] == "load,policy,metric,mean,ci95_low,ci95_high,n"
     assert any(r.startswith("2,fcfs,e2e_mean_s,") for r in rows)
-    assert "| sjf |" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    # a policy identical to another on every seed is marked once, with the reason stated
+    same = all(a["metrics"] == b["metrics"] for a, b in zip(
+        sorted((r for r in res["runs"] if r["policy"] == "sjf"), key=lambda r: (r["load"], r["seed"])),
+        sorted((r for r in res["runs"] if r["policy"] == "fcfs"), key=lambda r: (r["load"], r["seed"])), strict=True))
+    assert ("| sjf (= fcfs) |" in text) == same and ("| sjf |" in text) == (not same)
+    assert ("`(= X)`: identical to X on every seed" in text) == same
 
 
 def test_bad_evaluate_input_is_one_line(capsys):

@@ -55,3 +55,12 @@ def test_cli_benchmark_quick_and_bad_task(tmp_path, capsys):
     assert any(r["name"] == "sjf:max_num_seqs=96" and r["kind"] == "policy" for r in res["tasks"]["jaillet-high"]["rows"])
     assert main(["benchmark", "--task", "nope", "--out", str(tmp_path)]) == 2
     assert "task: unknown 'nope'; allowed: azure-conv" in capsys.readouterr().err
+
+
+def test_identical_entrants_are_marked_once():
+    task = TASKS[0]
+    r = score_task(task, [Entry("fcfs", "baseline", [3.0, 4.0], [True, True]),
+                          Entry("sjf", "baseline", [2.0, 3.0], [True, True]),
+                          Entry("mcsf", "baseline", [2.0, 3.0], [True, True])])
+    rows = {row["name"]: row for row in r["rows"]}
+    assert rows["mcsf"]["same_as"] == "sjf" and "same_as" not in rows["sjf"] and "same_as" not in rows["fcfs"]
