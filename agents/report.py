@@ -329,12 +329,22 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
     agents = set(agents)
     agg = aggregate(records)
     paths: list[Path] = []
+    # one colour per policy across every figure and load level
+    everyone = sorted({r.policy for r in records}, key=lambda p: (p not in agents, p))
+    palette = list(plt.get_cmap("tab20").colors) + list(plt.get_cmap("tab20b").colors)
+    color_of = {p: palette[i % len(palette)] for i, p in enumerate(everyone)}
+
+    def tagged(per: dict, p: str) -> str:
+        """Incomplete runs are marked in the plots too (their latencies cover the served requests)."""
+        return p + (" † incomplete" if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC else "")
+
     for load in sorted(agg):
         recs = [r for r in records if r.load == load]
-        pols = sorted({r.policy for r in recs}, key=lambda p: (p not in agents, p))
-        lines = _line_policies(agg[load], agents)
+        per = agg[load]
+        pols = sorted(per, key=lambda p: _table_order(per, p, agents))  # the table's order
+        lines = _line_policies(per, agents)
         shown = "" if len(lines) == len(pols) else f"; agents and the {LINE_PLOT_BASELINES} best baselines"
-        colors = dict(zip(lines, plt.get_cmap("tab10").colors, strict=False))
+        colors = {p: color_of[p] for p in pols}
         tag = f"load{load:g}".replace(".", "p")
 
         fig, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -342,7 +352,7 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
             for p in lines:
                 x = np.sort(np.concatenate([getattr(r, attr) for r in recs if r.policy == p]))
                 if len(x):
-                    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=p, color=colors[p],
+                    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=tagged(per, p), color=colors[p],
                             lw=2.4 if p in agents else 1.2, ls="-" if p in agents else "--")
             ax.set_xscale("symlog", linthresh=0.1)
             ax.set_xlabel("seconds")
@@ -361,7 +371,7 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
         for p in lines:
             r = next((r for r in recs if r.policy == p and r.seed == first_seed), None)
             if r is not None and len(r.t_s):
-                ax.plot(r.t_s, r.kv_frac, label=p, color=colors[p], lw=1.6 if p in agents else 0.8)
+                ax.plot(r.t_s, r.kv_frac, label=tagged(per, p), color=colors[p], lw=1.6 if p in agents else 0.8)
         ax.set_xlabel("time (s)")
         ax.set_ylabel("KV used / capacity")
         ax.set_title(f"KV usage over time (seed {first_seed}, load x{load:g}{shown})", fontsize=10)
@@ -377,12 +387,17 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
         nrow = -(-len(cols) // ncol)
         fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
         for ax, (key, label) in zip(axes.flat, cols, strict=False):
-            means = [agg[load][p][key]["mean"] for p in pols]
-            errs = [np.nan_to_num(agg[load][p][key]["ci95"]) for p in pols]
-            colors = ["tab:red" if p in agents else "tab:blue" for p in pols]
-            ax.bar(range(len(pols)), means, yerr=errs, color=colors, capsize=2)
+            means = np.array([per[p][key]["mean"] for p in pols])
+            errs = np.nan_to_num(np.array([per[p][key]["ci95"] for p in pols]))
+            # every metric here is non-negative: the lower error bar stops at 0
+            yerr = np.vstack((np.minimum(errs, np.nan_to_num(np.maximum(means, 0.0))), errs))
+            bars = ax.bar(range(len(pols)), means, yerr=yerr, color=[colors[p] for p in pols], capsize=2,
+                          edgecolor=["k" if p in agents else "none" for p in pols])
+            for b, p in zip(bars, pols, strict=True):
+                if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC:
+                    b.set_hatch("//")
             ax.set_xticks(range(len(pols)))
-            ax.set_xticklabels(pols, rotation=60, ha="right", fontsize=7)
+            ax.set_xticklabels([tagged(per, p) for p in pols], rotation=60, ha="right", fontsize=7)
             ax.set_title(label, fontsize=9)
         for ax in list(axes.flat)[len(cols):]:
             ax.axis("off")
