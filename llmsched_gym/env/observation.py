@@ -120,7 +120,8 @@ def predictor_spread(spec: dict | None, predicted: np.ndarray) -> np.ndarray:
 def feature_table(table, index: str = "i") -> str:
     """A feature table as reStructuredText (the env's docstring tables are made from these)."""
     w = max(len(f[0]) for f in table) + 2
-    rule = f"===  {'=' * w}  ===========  {'=' * 60}"
+    m = max(len(f[3]) for f in table)
+    rule = f"===  {'=' * w}  ===========  {'=' * m}"
     lines = [rule, f"{index:<3}  {'name':<{w}}  {'range':<11}  meaning", rule]
     for i, (name, lo, hi, meaning) in enumerate(table):
         rng = f"[{lo:g}, {hi:g}]"
