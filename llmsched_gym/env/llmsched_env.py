@@ -377,11 +377,6 @@ class LLMSchedEnv(gym.Env):
         plan.hold = False
         return plan
 
-    def prefill_state(self) -> tuple[int, int]:
-        """Unfinished prefills among the surviving running requests: count and tokens owed."""
-        _, _, mid, left = self.dp.running_arrays()
-        return int(np.count_nonzero(mid)), int(left.sum())
-
     def batch_shape(self) -> tuple[int, int, int, int, int]:
         """Decodes and their context, unfinished prefills, tokens owed and their context (now;
         cached until the boundary or its preemptions change)."""

@@ -251,13 +251,12 @@ class ObservationBuilder:
                 r[R["kv_used"]] = min(max(e.kv.used_blocks - dp.released, 0) / dp.cap_blocks, 2.0)
                 r[_HIST] = dp.run_hist * (1.0 / dp.n_run)
                 r[R["future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
-            if e.n_in_prefill:
-                mid, owed = env.prefill_state()
+            n_dec, _, mid, owed, _ = env.batch_shape()
+            if mid:
                 r[R["prefilling"]] = math.log1p(mid) * self.inv_log_cap
                 r[R["prefill_owed"]] = self.log_tokens(owed)
             if dp.victims:
                 r[R["preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
-            n_dec, _, _, owed, _ = env.batch_shape()
             self.run_tokens = n_dec + owed
             r[R["batch_tokens"]] = self.log_tokens(self.run_tokens)
             self.run_obs = r
