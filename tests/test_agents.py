@@ -159,9 +159,11 @@ def test_tensorboard_has_the_custom_scalars(tiny_run):
             values[t] = ea.Scalars(t)[-1].value
     for t in ("sched/e2e_mean_s", "sched/e2e_p99_s", "sched/ttft_mean_s", "sched/ttft_p99_s", "sched/tpot_mean_s",
               "sched/throughput_tokens_per_s", "sched/evictions", "sched/recomputed_tokens",
-              "eval/rel_e2e_mean_s_vs_best", "eval/rel_ttft_p99_s_vs_best", "train/entropy_loss"):
+              "eval/rel_e2e_mean_s_vs_best", "eval/rel_ttft_p99_s_vs_best", "train/entropy_loss",
+              "bc/accuracy", "bc/samples", "bc/seconds", "rollout/ep_rew_mean"):
         assert t in tags, t
     assert values["sched/e2e_mean_s"] > 0 and values["eval/rel_e2e_mean_s_vs_best"] > 0
+    assert 0 <= values["bc/accuracy"] <= 1 and values["bc/samples"] > 0 and values["rollout/ep_rew_mean"] < 0
 
 
 def test_resume_continues_from_a_checkpoint(tiny_run):
