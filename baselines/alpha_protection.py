@@ -1,13 +1,13 @@
 """The alpha-protection benchmarks of Jaillet, Jiang, Podimata, Zhou, "Online Scheduling for LLM
-Inference with KV Cache Constraints" (arXiv 2502.07115 v1, Section 7 "benchmark algorithms";
-digest seed000_jaillet.md section 2.5): vLLM-like FCFS admission under a KV "magic number".
+Inference with KV Cache Constraints" (2025, arXiv 2502.07115 v1, section 7 "benchmark
+algorithms"): vLLM-like FCFS admission under a KV "magic number".
 
 Rule: running requests always continue; waiting requests are started in arrival order while the
 current KV usage plus the new prompt stays within ``(1 - alpha) M``, stopping at the first that
 does not fit (no look-ahead). On overflow, ``alpha-greedy`` clears every running request back to
 the queue with its progress lost; ``alpha-beta`` clears each with probability ``beta``.
 
-Readings and departures (digest ambiguities 1-5, recommended readings):
+Readings and departures (where the paper leaves the rule open, our reading):
 
 1. Usage is the resident KV now (``view.kv_used``) plus the prompts admitted so far this
    iteration; a request preempted earlier counts its whole re-prefill (``prefill_target``).
@@ -18,7 +18,7 @@ Readings and departures (digest ambiguities 1-5, recommended readings):
 4. Cleared progress is counted in ``recomputed_tokens``.
 5. The clear-all loop is caught by the engine's loop detector (``engine.stall_iterations``:
    no completion for that many iterations); the summary reports ``non_terminating`` and
-   ``stop_reason``, not the digest's identical-state test.
+   ``stop_reason``, not an identical-state test.
 
 A running request whose prefill another policy left unfinished (the env's ``meta`` mode) is
 finished first and counts in the usage (:func:`~baselines.base.finish_prefills`).

@@ -1,17 +1,17 @@
-"""Echo and its cumulative baselines (seed 001: Wang et al., "Echo: Efficient Co-Scheduling of
-Hybrid Online-Offline Tasks for Large Language Model Serving"; digest ``seed001_echo.md``).
+"""Echo and its cumulative baselines (Wang et al. 2025, "Echo: Efficient Co-Scheduling of
+Hybrid Online-Offline Tasks for Large Language Model Serving", arXiv 2504.03651).
 
 Online requests (``task_class`` 0, TTFT/TPOT SLOs) share one GPU with an offline pool (class 1).
 Every policy keeps the previous batch, admits online requests FCFS (preempting offline work, in
 recompute mode, when memory is short) and then adds offline work. The four names are the paper's
-cumulative build-up (section 7.1; digest 2.7):
+cumulative build-up (section 7.1):
 
 * ``echo-bs``: vLLM priority scheduling. Offline requests in submission order while memory and
   the step budgets allow; no time check; LRU prefix cache.
 * ``echo-bs-e``: + the estimator. Offline work may not make the estimated iteration time exceed
   the batch SLO ``min_r (TTFT + i TPOT - waited_r)`` over online members (section 5.1); the
   inherited batch is repaired by preempting the newest offline request first.
-* ``echo-bs-e-s``: + Echo's KV-cache-aware scheduler (section 4.1, digest 2.3 pseudocode): greedy
+* ``echo-bs-e-s``: + Echo's KV-cache-aware scheduler (section 4.1): greedy
   moves (add a candidate or preempt an offline member) that raise ``(Benefit - Punishment) /
   Time`` (Eq. 4), candidates from length buckets of radix trees over prompt prefixes (section 6).
 * ``echo``: + the task-aware KV manager (section 4.2): idle cached blocks are evicted by priority
@@ -19,11 +19,11 @@ cumulative build-up (section 7.1; digest 2.7):
   blocks are never idle, i.e. infinite; LRU among equals), and offline admissions keep the active
   KV under ``N_KV - max(0, mu + 2 sigma - U_on)`` from the online-memory predictor (section 5.3).
 
-Departures and readings (digest recommendations unless stated):
+Departures and readings (ours where the paper is silent):
 
 * The SLO gate applies to offline work only: online requests are admitted FCFS whenever memory
   allows (the paper's "online requests are always scheduled FCFS"); gating them on time as well
-  could stall a late request forever (the digest's pseudocode would ``break``).
+  could stall a late request forever (a literal reading of section 4.1 would stop the loop there).
 * Benefit counts 1 per token, prefix-cache hits included (the scores only; reported throughput
   never counts hits). Punishment is the recompute cost Eq. 2 measures: the tokens a preempted
   request loses (its KV minus the shared head blocks the cache keeps) plus the needed blocks
@@ -640,7 +640,7 @@ class EchoFamily(Scheduler):
 
     def _candidates(self) -> list[int]:
         """The first ``candidates`` pooled requests in radix-tree DFS order, starting from the
-        groups with the longest cached prefix (section 6; digest 2.3 CANDIDATES)."""
+        groups with the longest cached prefix (section 6)."""
         heads = []
         for i, key in enumerate(self._keys):
             g = self._groups[key]
@@ -656,7 +656,7 @@ class EchoFamily(Scheduler):
 
     def _greedy(self, b: _Batch, now: float, limit: int, n_seqs: int, tokens: int,
                 admit: dict[int, int]) -> None:
-        """Echo's greedy moves on Eq. 4 (digest 2.3, step 2)."""
+        """Echo's greedy moves on Eq. 4 (section 4.1)."""
         moves = 0
         added = False
         cands: list[int] | None = None

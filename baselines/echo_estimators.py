@@ -1,12 +1,12 @@
-"""Echo's estimation toolkit (seed 001, Wang et al., section 5): the batch-time model and the
+"""Echo's estimation toolkit (Wang et al. 2025, section 5): the batch-time model and the
 online KV-memory predictor that the Echo family of policies (``baselines/echo.py``) consults.
 
 * :class:`BatchTimeEstimator`: Eq. 6 ``T_prefill = max(alpha l^2 + beta l, c)``, Eq. 7
   ``T_decode = gamma max(L) + delta mean(L)`` and Eq. 8 ``T = lambda max(Tp, Td) + (1 - lambda)
   min(Tp, Td)``, fitted by least squares to "micro-benchmarks" of the engine's ground-truth latency
   model (section 5.2; the paper gives no coefficients). Eq. 7 has no intercept and no batch-size
-  term, exactly as in the paper, so the estimate carries the paper's model error (digest 2.6.1).
-  Several prefills in one batch: the sum of their Eq. 6 times (digest 2.6.1 [I]).
+  term, exactly as in the paper, so the estimate carries the paper's model error.
+  Several prefills in one batch: the sum of their Eq. 6 times (our reading; the paper is silent).
 * :class:`ExactEstimator`: the engine's own latency model (an oracle estimator, for ablations).
 * :class:`OnlineKVPredictor`: ``mu + k sigma`` of the online KV demand over the past ``window_s``
   seconds, sampled every iteration and averaged per ``bucket_s`` second (section 5.3).

@@ -8,7 +8,7 @@ reserved), so nothing is ever evicted. A running request whose prefill another p
 (the env's ``meta`` mode) is finished first (:func:`~baselines.base.finish_prefills`).
 
 This is the plain engine exercise policy, not a paper's algorithm; the papers' FCFS variants
-(seed 003's FCFS-greedy-LIFO, vLLM) are separate baselines.
+(Ao et al. 2025's FCFS-greedy-LIFO, vLLM) are separate baselines.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Seed 004 (Dexter et al., "LLM Query Scheduling with Prefix Reuse and Latency Constraints",
+"""Dexter et al. 2025 ("LLM Query Scheduling with Prefix Reuse and Latency Constraints",
 arXiv 2502.04677 v1): longest-prefix-match scheduling and k-LPM.
 
-Rules (digest §3): ``lpm`` admits the waiting request with the most cached prompt tokens
-(``view.prefix_match``), ties uniformly at random (§3.2, footnote 4). ``k-lpm`` cycles one
+Rules (sections 2 and 4): ``lpm`` admits the waiting request with the most cached prompt tokens
+(``view.prefix_match``), ties uniformly at random (footnote 4). ``k-lpm`` cycles one
 oldest-first pick and ``k - 1`` longest-prefix picks (Algorithm 1's pseudocode), so ``k = 1`` is
 FCFS and ``k -> infinity`` is LPM. ``sglang-lpm`` is SGLang v0.4's policy that LPM extends
-(§3.6): a stable sort by matched tokens, requests whose own match is at most 32 tokens but that
+(SGLang's source): a stable sort by matched tokens, requests whose own match is at most 32 tokens but that
 share at least 32 tokens with an earlier such waiting request go last (in-batch prefix
 deprioritisation), and plain FCFS when more than ``fcfs_above`` (128) requests wait.
 
@@ -167,7 +167,7 @@ class _PrefixAware(Scheduler):
 
 @register("lpm")
 class LPM(_PrefixAware):
-    """Longest prefix match, ties at random (seed 004 §3.2)."""
+    """Longest prefix match, ties at random (Dexter et al. 2025)."""
 
     params = {**COMMON, "ties": "random", "hit_metric": "absolute"}
 
@@ -183,7 +183,7 @@ class LPM(_PrefixAware):
 
 @register("k-lpm")
 class KLPM(LPM):
-    """k-LPM (seed 004 Algorithm 1): one oldest-first pick, then ``k - 1`` longest-prefix picks."""
+    """k-LPM (Dexter et al. 2025, section 4, Algorithm 1): one oldest-first pick, then ``k - 1`` longest-prefix picks."""
 
     params = {**LPM.params, "k": 2, "reset_on_empty": False}
 
@@ -221,7 +221,7 @@ class KLPM(LPM):
 
 @register("sglang-lpm")
 class SGLangLPM(_PrefixAware):
-    """SGLang v0.4's LPM (seed 004 §3.6): stable sort by matched tokens with in-batch prefix
+    """SGLang v0.4's LPM (the policy Dexter et al. 2025 extend): stable sort by matched tokens with in-batch prefix
     deprioritisation, FCFS above ``fcfs_above`` waiting requests."""
 
     params = {**COMMON, "fcfs_above": 128, "in_batch_threshold": 32}

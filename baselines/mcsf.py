@@ -1,6 +1,6 @@
 """MC-SF (Algorithm 2) and Algorithm 1 of Jaillet, Jiang, Podimata, Zhou, "Online Scheduling for
 LLM Inference with KV Cache Constraints" (arXiv 2502.07115 v1; Section 4, Algorithm 1, and
-Section 5, Algorithm 2, named MC-SF in later revisions). Digest: seed000_jaillet.md sections 2.1-2.3.
+Section 5, Algorithm 2, named MC-SF in later revisions).
 
 Rule: running requests always continue (never paused or preempted). Waiting requests, in
 ascending (predicted) output length, are started while the future-memory test Eq. (1) holds at
@@ -8,7 +8,7 @@ every completion point of the running and admitted requests, the candidate's own
 admission stops at the first failure. ``semi-online`` (Algorithm 1) is the same rule, meant
 for instances whose requests all arrive at t = 0.
 
-Readings and departures (digest recommendations unless noted):
+Readings and departures (ours where the paper leaves the rule open):
 
 * Time counts iterations, not seconds: the test bounds memory whatever a batch lasts (paper
   Section 7). The memory trajectory is the engine's: with ``prefill_emits_token = False`` (the
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 
 class CompletionProfile:
-    """Eq. (1) evaluated at completion points, built incrementally (digest section 2.1).
+    """Eq. (1) evaluated at completion points, built incrementally (section 4).
 
     An item occupies ``base + j`` tokens after iteration ``now + j`` for ``j = 0..last`` and is
     freed after iteration ``now + last``. Total memory only grows between two completion points

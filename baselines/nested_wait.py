@@ -1,5 +1,5 @@
-"""Nested WAIT: seed 003 (Ao et al., arXiv 2504.11320 v2), Algorithm 2 (section 5) and the
-L-segment design of section 7.2. Digest: seed003_wait.md sections 2.4, 3.3, 3.5, 5.3, 5.6, 7.
+"""Nested WAIT: Ao et al. 2025 (arXiv 2504.11320 v2), Algorithm 2 (section 5) and the
+L-segment design of section 7.2.
 
 Output lengths are unknown; segments are cut at the sorted output lengths b_1 < ... < b_m. A
 request belongs to segment k while it has generated g tokens with b_{k-1} <= g < b_k (b_0 = 0);
@@ -21,7 +21,7 @@ scaled as the companion code does, n_k = ceil(B w_k / sum_k S_k w_k) with S_k th
 segment k, so a full batch holds about ``batch_size`` = B requests (B = 0: the largest scale
 whose M^pi fits in C, rounded down; the default 256 is vLLM's ``max_num_seqs``); gamma = 1 is
 the paper's experiments (n_(k+1)/n_k = p_k exactly), gamma > 1 the strict drift of Eq. 12. ``fluid``:
-the digest's recipe (:func:`llmsched_gym.fluid.nested_wait_thresholds`), n_k = c Lambda_k
+our fluid recipe (:func:`llmsched_gym.fluid.nested_wait_thresholds`), n_k = c Lambda_k
 gamma^(k-1) with c = (1 + ``slack``) times the smallest c meeting Eq. 12a, rounded up.
 ``explicit``: ``thresholds``. After setup ``n`` holds the thresholds and ``memory_requirement``
 their M^pi plus the safety buffer of Eq. 14 (theta_k the positive root of Eq. 20, the proof's log
@@ -30,7 +30,7 @@ when some theta_k is 0, as at gamma = 1) to compare with C.
 
 Readings and departures:
 
-* Segment membership by tokens generated (digest 7.1). Under the paper's convention (prefill
+* Segment membership by tokens generated (our reading of section 5.1). Under the paper's convention (prefill
   emits no token) segment 1 is the prefill plus the decodes of tokens 1..b_1; when prefill
   emits token 1 it is the prefill plus tokens 2..b_1.
 * Lambda_k, the prefill length l and the total rate come from the workload's predicted output
@@ -38,7 +38,7 @@ Readings and departures:
 * A request that outlives b_m stays in the last segment. Without explicit ``boundaries``, a
   boundary at which no request of the workload ends is dropped (it would only add a
   synchronisation point; the fluid recipe needs every segment's rate > 0).
-* End of horizon (digest 5.6 recommends against the companion code's dropping): once no arrival
+* End of horizon (we do not follow the companion code's dropping): once no arrival
   is left, every segment runs with min(n_k, count) per stage and no threshold, so all drain.
 * Eq. 1's d0, d1 (``fluid`` rule) come from :func:`baselines.wait.linear_coefficients`; M^pi
   adds each request's partly filled last block in paged mode.

@@ -1,5 +1,5 @@
-"""Sarathi(-Serve) as Vidur implements it: the decode-first engine baseline of seed 003 (Ao et
-al., section 6; digest 3.6; Agrawal et al. 2023, "piggybacking decodes with chunked prefills").
+"""Sarathi(-Serve) as Vidur implements it: the decode-first engine baseline of Ao et al.
+2025 (section 6; Agrawal et al. 2023, "piggybacking decodes with chunked prefills").
 
 Each step has a token budget ``chunk_size`` (512). First every running request whose prefill is
 complete decodes one token (admission order, each costing 1 token of the budget); a decode that

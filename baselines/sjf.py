@@ -8,7 +8,7 @@ waiting request that fails the admission test evicts the fewest running requests
 predicted remaining is longer than its own (longest first) that make it pass. Running requests
 otherwise continue. Admission stops at the first request that fails the test:
 
-* ``admission="peak"``: seed 000's future-memory test (Jaillet et al., Eq. 1, checked at every
+* ``admission="peak"``: Jaillet et al. 2025's future-memory test (Eq. 1, checked at every
   completion point, O(M) per candidate); ``sjf`` with it is MC-SF's admission rule, so it reuses
   MC-SF's :class:`~baselines.mcsf.CompletionProfile` and its readings (paged charge, outgrown
   predictions, recompute re-entry);

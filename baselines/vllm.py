@@ -1,4 +1,4 @@
-"""vLLM's two schedulers, as the engine baselines of seed 003 (Ao et al., section 6; digest 3.6).
+"""vLLM's two schedulers, as the engine baselines of Ao et al. 2025 (section 6).
 
 ``vllm-v1`` (vLLM >= 0.8, ``vllm/v1/core/sched/scheduler.py``): one token budget per step
 (``max_num_batched_tokens``) shared by prefill and decode. Running requests are served first, in

@@ -1,4 +1,4 @@
-"""Seed 002 (Sheng et al., "Fairness in Serving Large Language Models"): the Virtual
+"""Sheng et al. 2024 ("Fairness in Serving Large Language Models"): the Virtual
 Token Counter family and its baselines, all on one admission loop.
 
 Rule (VTC, Algorithm 2, §4.1): each client has a counter of the weighted service it received;
@@ -25,7 +25,7 @@ that joins the waiting set is lifted to the lowest counter of the waiting client
 State for observers (e.g. a learned policy): ``counter`` (per client, cost units divided by the
 weight), ``n_lifts`` and ``waiting_clients``; DRR adds ``credit``.
 
-Admission loop (LightLLM/S-LoRA, digest §1.2-1.3): when nothing runs, admit at once; otherwise
+Admission loop (LightLLM/S-LoRA, Algorithm 1 of section 2.1): when nothing runs, admit at once; otherwise
 every ``admit_every`` decode iterations (K = 10), and at every iteration after an attempt that
 admitted nothing. A minibatch takes requests in the policy's order until one does not fit
 (no skipping), the running set reaches ``max_running`` or its input tokens would exceed
@@ -440,12 +440,12 @@ class _CounterPolicy(_FairAdmission):
 
 @register("lcf")
 class LCF(_CounterPolicy):
-    """Least counter first: VTC's counters and order without the lift (seed 002 §5.1)."""
+    """Least counter first: VTC's counters and order without the lift (Sheng et al. 2024, section 5.1)."""
 
 
 @register("vtc")
 class VTC(_CounterPolicy):
-    """Virtual Token Counter (seed 002 Algorithm 2/4); see the module docstring."""
+    """Virtual Token Counter (Sheng et al. 2024, Algorithm 2 / 4); see the module docstring."""
 
     params = {**COUNTER_PARAMS, "lift_when_idle": True}
 
@@ -463,7 +463,7 @@ class VTC(_CounterPolicy):
 
 @register("vtc-weighted")
 class WeightedVTC(VTC):
-    """Weighted VTC (seed 002 §4.3): charges divided by the client's weight (``weights`` overrides
+    """Weighted VTC (Sheng et al. 2024, section 4.3): charges divided by the client's weight (``weights`` overrides
     the workload's ``client_weight``)."""
 
     params = {**VTC.params, "weights": None}
@@ -489,7 +489,7 @@ PREDICTORS = ("last5", "ema5", "noisy", "workload")
 
 @register("vtc-predict")
 class PredictVTC(VTC):
-    """VTC with length prediction (seed 002 Algorithm 3, §4.4); see the module docstring."""
+    """VTC with length prediction (Sheng et al. 2024, Algorithm 3, section 4.4); see the module docstring."""
 
     params = {**VTC.params, "predictor": "last5", "noise": 0.5}
 
@@ -526,7 +526,7 @@ class PredictVTC(VTC):
 
 @register("vtc-oracle")
 class OracleVTC(VTC):
-    """VTC charged with the true output length at admission (seed 002 §4.4, VTC(oracle))."""
+    """VTC charged with the true output length at admission (Sheng et al. 2024, section 4.4, VTC(oracle))."""
 
     def _predict(self, rid: int, view: EngineView) -> int:
         return int(view.workload.output_tokens[rid])
@@ -534,7 +534,7 @@ class OracleVTC(VTC):
 
 @register("rpm")
 class RPM(_FairAdmission):
-    """Per-client requests-per-minute limit in front of FCFS (seed 002 §5.1); rejected requests are
+    """Per-client requests-per-minute limit in front of FCFS (Sheng et al. 2024, section 5.1); rejected requests are
     reported (``reject_reason``), never lost."""
 
     params = {**ADMISSION_PARAMS, "limit": 5, "window_s": 60.0, "window": "sliding"}
@@ -585,7 +585,7 @@ class RPM(_FairAdmission):
 
 @register("drr")
 class DRR(_CounterPolicy):
-    """Adapted deficit round robin (seed 002 Appendix C.2): client i's balance is its credit minus
+    """Adapted deficit round robin (Sheng et al. 2024, Appendix C.2): client i's balance is its credit minus
     its counter; a visit refills ``quantum`` when the balance is <= 0 and, if it is then positive,
     admits the client's requests until it is not."""
 

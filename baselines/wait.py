@@ -1,9 +1,9 @@
-"""Seed 003 (Ao, Luo, Simchi-Levi, Wang, "Optimizing LLM Inference: Fluid-Guided Online Scheduling
+"""Ao, Luo, Simchi-Levi and Wang 2025 ("Optimizing LLM Inference: Fluid-Guided Online Scheduling
 with Memory Constraints", arXiv 2504.11320 v2): the FCFS baseline of section 3 and WAIT
-(Algorithm 1, section 4). Digest: seed003_wait.md sections 1, 2.3, 3.1, 3.2 and 7.
+(Algorithm 1, section 4).
 
 ``fcfs-greedy-lifo`` (paper section 3, Example 2, Prop. 3): every iteration prefills the waiting
-prompts (queue order, as many as fit in the KV free now: the digest's "mild memory admission
+prompts (queue order, as many as fit in the KV free now: our "mild memory admission
 check") and decodes every running one; when the KV after the iteration would exceed C, the most
 recently admitted running prompts are evicted (full restart, back to the queue) until it fits.
 On Example 2 this replays the paper's cycle (3, 4, 3, ... completions per iteration).
@@ -15,7 +15,7 @@ their KV. Resident memory is therefore at most M^pi = sum_j n_j (l'_j+1)(l_j+l'_
 never evicts when M^pi <= C.
 
 Thresholds (``rule``, via :mod:`llmsched_gym.fluid`): ``fluid`` (default) n_j = ceil(c lambda_j),
-with ``c`` seconds, or c = Delta T* (the equilibrium pi*, digest 2.3) when ``c`` = 0; when that
+with ``c`` seconds, or c = Delta T* (the equilibrium pi*, section 4.2) when ``c`` = 0; when that
 breaks M^pi <= C or no equilibrium exists (C < M* or d1 A >= 1), c = C/A fills the memory and
 n_j = max(1, floor(c lambda_j)) (Remark 1's overloaded regime). ``practical``: the companion
 code's fluid-proportional reading of the paper's section 6.1 rule, n_j = max(1, floor(B lambda_j /
@@ -83,7 +83,7 @@ def check_threshold_rule(policy: Scheduler, explicit_needs: str) -> None:
 
 @register("fcfs-greedy-lifo")
 class FCFSGreedyLIFO(Scheduler):
-    """Seed 003's FCFS: process everything at once, evict the newest running prompts on overflow."""
+    """Ao et al. 2025's FCFS: process everything at once, evict the newest running prompts on overflow."""
 
     engine_overrides = PAPER_ENGINE
 
@@ -187,7 +187,7 @@ class WAIT(Scheduler):
         self.n: list[int] | None = None
 
     def thresholds_for(self, view: EngineView) -> list[int]:
-        """Per-type thresholds n_j under ``rule`` (digest 2.3, via :mod:`llmsched_gym.fluid`)."""
+        """Per-type thresholds n_j under ``rule`` (section 4.2, via :mod:`llmsched_gym.fluid`)."""
         if self.rule == "explicit":
             m = int(view.workload.type_id.max()) + 1 if len(view.workload) else 1
             if len(self.thresholds) < m:

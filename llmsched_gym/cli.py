@@ -1,4 +1,4 @@
-"""The ``llmsched`` command (ARCHITECTURE.md 4.3).
+"""The ``llmsched`` command: ``llmsched --help`` lists the subcommands.
 
 ``list``, ``run`` and ``bench`` need only NumPy; ``train``/``evaluate``/``compare`` import the RL
 stack and ``gpu`` imports torch, each only when invoked. Errors in user input are printed as one

@@ -1,6 +1,5 @@
-"""Fluid benchmark and WAIT / Nested WAIT threshold recipes (seed 003, Ao, Luo, Simchi-Levi, Wang).
-
-See ``shared/papers/digests/seed003_wait.md`` §2 and §6.8. Prompt type ``j`` has Poisson rate
+"""Fluid benchmark and WAIT / Nested WAIT threshold recipes (Ao, Luo, Simchi-Levi and
+Wang 2025, sections 3-5; see docs/papers.md). Prompt type ``j`` has Poisson rate
 ``lambda_j``, prompt length ``l_j`` and output length ``l'_j``; one iteration takes
 ``d0 + d1 * (KV tokens in the batch)`` (paper Eq. 1). With ``a_j = (l'_j + 1)(l_j + l'_j / 2)``
 and ``A = sum_j lambda_j a_j`` the fluid equilibrium (paper §3.2, Eqs. 8-10) is
@@ -9,7 +8,7 @@ and ``A = sum_j lambda_j a_j`` the fluid equilibrium (paper §3.2, Eqs. 8-10) is
 * ``M* = d0 A / (1 - d1 A)``, ``DeltaT* = d0 / (1 - d1 A)`` (requires ``d1 A < 1``, Prop. 1),
 * per-type population ``n_j* = DeltaT* lambda_j (l'_j + 1)``, i.e. ``DeltaT* lambda_j`` per stage.
 
-Items marked [derived] / [ours] / non-paper follow the digest's labels.
+Items marked [derived] follow from the paper's formulas; [ours] / non-paper are our additions.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def stage_memory(ell: np.ndarray | float, lp: np.ndarray | float) -> np.ndarray:
 
 @dataclass
 class CapacityAware:
-    """Digest §2.6 [derived; NOT in paper]: capacity-aware fluid throughput (fractional knapsack).
+    """[derived; NOT in the paper]: capacity-aware fluid throughput (fractional knapsack).
 
     ``max sum_j x_j l'_j  s.t.  sum_j x_j a_j <= S_max = C / (d0 + d1 C),  0 <= x_j <= lambda_j``;
     a heuristic reference, not a proven upper bound for stochastic policies.
@@ -60,7 +59,7 @@ class CapacityAware:
 
 @dataclass
 class FluidBound:
-    """Fluid equilibrium quantities (digest §2.1-2.2, §6.8); ``inf`` where ``d1 A >= 1``."""
+    """Fluid equilibrium quantities (Ao et al. 2025, sections 3.1-3.2); ``inf`` where ``d1 A >= 1``."""
 
     throughput_star: float
     A: float
@@ -80,11 +79,11 @@ class FluidBound:
 
 
 def fluid_bound(types: list[TypeSpec] | np.ndarray, d0: float, d1: float, C: float | None = None) -> FluidBound:
-    """Fluid benchmark of seed 003 (digest §2.2 Eqs. 8-10 and §6.8).
+    """Fluid benchmark of Ao et al. 2025 (section 3.2, Eqs. 8-10).
 
     :param types: ``[(lambda_j, l_j, l'_j), ...]``.
     :param d0: fixed iteration overhead; ``d1``: time per KV token in the batch (paper Eq. 1).
-    :param C: KV capacity (tokens). When given and ``C < M*`` or ``d1 A >= 1``, the digest §2.6
+    :param C: KV capacity (tokens). When given and ``C < M*`` or ``d1 A >= 1``, our
         capacity-aware value is attached (marked non-paper); ``memory_slack = C / M*``.
     """
     lam, ell, lp = _parse_types(types)
@@ -110,12 +109,12 @@ def fluid_bound(types: list[TypeSpec] | np.ndarray, d0: float, d1: float, C: flo
         out.memory_slack = C / M_star if stable else 0.0
         if not stable or C < M_star:
             out.capacity_aware = capacity_aware_bound(types, d0, d1, C)
-            notes.append("capacity_aware is the digest §2.6 derived bound, not in the paper")
+            notes.append("capacity_aware is our derived bound, not in the paper")
     return out
 
 
 def capacity_aware_bound(types: list[TypeSpec] | np.ndarray, d0: float, d1: float, C: float) -> CapacityAware:
-    """Digest §2.6 fractional knapsack, solved greedily in decreasing ``l'_j / a_j`` (non-paper)."""
+    """Our fractional knapsack, solved greedily in decreasing ``l'_j / a_j`` (non-paper)."""
     lam, ell, lp = _parse_types(types)
     a = stage_memory(ell, lp)
     S_max = C / (d0 + d1 * C)
@@ -133,13 +132,13 @@ def capacity_aware_bound(types: list[TypeSpec] | np.ndarray, d0: float, d1: floa
 
 
 # ----------------------------------------------------------------------------------------------
-# WAIT thresholds (digest §2.3)
+# WAIT thresholds (Ao et al. 2025, section 4.2)
 # ----------------------------------------------------------------------------------------------
 
 
 @dataclass
 class WaitThresholds:
-    """WAIT per-stage thresholds ``n_j`` with the Eq. 11 / memory checks (digest §2.3).
+    """WAIT per-stage thresholds ``n_j`` with the Eq. 11 / memory checks (section 4.2).
 
     ``c_min = DeltaT*`` and ``c_max = C / A`` bound the one-parameter recipe ``n_j = c lambda_j``;
     ``n`` are the real-valued thresholds, ``n_int`` the rounded ones (``ceil``), and
@@ -177,7 +176,7 @@ def _wait_result(rule: str, lam: np.ndarray, a: np.ndarray, n: np.ndarray, n_int
 
 def wait_thresholds_fluid(types: list[TypeSpec] | np.ndarray, d0: float, d1: float, C: float | None = None,
                           c: float | None = None) -> WaitThresholds:
-    """Fluid recipe ``n_j = c lambda_j`` (digest §2.3 [derived]).
+    """Fluid recipe ``n_j = c lambda_j`` (section 4.2 [derived]).
 
     Eq. 11 holds iff ``c >= DeltaT* = d0 / (1 - d1 A)``; the WAIT peak memory ``M^pi = c A <= C``
     iff ``c <= C / A``; so a feasible ``c`` exists iff ``C >= M*``. ``c`` defaults to
@@ -200,7 +199,7 @@ def wait_thresholds_practical(types: list[TypeSpec] | np.ndarray, B: float,
                               rule: Literal["fluid_proportional", "paper_literal"] = "fluid_proportional",
                               d0: float | None = None, d1: float | None = None,
                               C: float | None = None) -> WaitThresholds:
-    """Batch-size-limit rule of paper §6.1 (digest §2.3).
+    """Batch-size-limit rule of Ao et al. 2025, section 6.1.
 
     ``"paper_literal"``: ``n_j = B rho_j / (l'_j + 1)`` with ``rho_j = lambda_j / sum lambda``.
     ``"fluid_proportional"`` (default; companion code, flagged [external]):
@@ -222,7 +221,7 @@ def wait_thresholds_practical(types: list[TypeSpec] | np.ndarray, B: float,
 
 
 # ----------------------------------------------------------------------------------------------
-# Nested WAIT (digest §2.4, Eqs. 12-14, 20)
+# Nested WAIT (Ao et al. 2025, section 5, Eqs. 12-14, 20)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -254,7 +253,7 @@ def theta_root(n_prev: float, n_k: float, p: float) -> float:
 
 @dataclass
 class NestedWaitPlan:
-    """Nested WAIT thresholds and memory (digest §2.4).
+    """Nested WAIT thresholds and memory (section 5).
 
     ``n`` real thresholds ``n_k = c Lambda_k gamma^{k-1}``; ``p`` main-text survival fractions
     ``p_k = Lambda_{k+1} / Lambda_k`` (k = 1..m-1); ``theta`` Eq. 20 roots for k = 2..m
@@ -284,7 +283,7 @@ class NestedWaitPlan:
 
 def nested_mpi(n: np.ndarray, ell: float, lps: np.ndarray,
                formula: Literal["paper_eq13", "exact_stage_sum"] = "paper_eq13") -> float:
-    """Eq. 13 ``M^pi = sum_k n_k (ell + L'_k / 2) Delta l'_k`` or the exact stage sum (digest §2.4).
+    """Eq. 13 ``M^pi = sum_k n_k (ell + L'_k / 2) Delta l'_k`` or the exact stage sum (section 5).
 
     ``exact_stage_sum``: ``sum_k n_k Delta l'_k (ell + (l'_{k-1} + 1 + l'_k) / 2)`` (stage 0 ignored).
     """
@@ -306,7 +305,7 @@ def nested_wait_thresholds(lambdas: list[float] | np.ndarray, ell: float, lps: l
                            zeta: float = 1.0, log_rule: Literal["theorem", "proof"] = "proof",
                            mpi_formula: Literal["paper_eq13", "exact_stage_sum"] = "paper_eq13",
                            C: float | None = None) -> NestedWaitPlan:
-    """Nested WAIT recipe of digest §2.4 [derived]: ``n_k = c Lambda_k gamma^{k-1}``.
+    """Nested WAIT recipe [derived from section 5]: ``n_k = c Lambda_k gamma^{k-1}``.
 
     ``Lambda_k = sum_{j>=k} lambda_j`` (types sorted by ``l'``); ``1 <= gamma < min_k 1/p_k``
     (``gamma = 1`` is the paper's experimental zero-drift choice: Eq. 12's second condition then

@@ -1,10 +1,10 @@
 """Hindsight-optimal references for round-mode, non-preemptive scheduling under a KV budget.
 
-Seed 000 (Jaillet et al., "Online Scheduling for LLM Inference with KV Cache Constraints"); see
-the digest ``shared/papers/digests/seed000_jaillet.md``. Everything here is a pure function of an
+Jaillet, Jiang, Podimata and Zhou 2025, "Online Scheduling for LLM Inference with KV Cache
+Constraints" (arXiv 2502.07115; see docs/papers.md). Everything here is a pure function of an
 :class:`Instance`; nothing depends on the simulator engine.
 
-Model (digest §1): unit-time rounds; request ``i`` arrives at round ``a_i``, starts (prompt round)
+Model (Jaillet et al. 2025, section 3): unit-time rounds; request ``i`` arrives at round ``a_i``, starts (prompt round)
 at ``p_i >= a_i`` and then runs contiguously, never paused or preempted. Its KV footprint in round
 ``p_i + k`` is ``s_i + k``:
 
@@ -12,14 +12,14 @@ at ``p_i >= a_i`` and then runs contiguously, never paused or preempted. Its KV 
 * **convention B** (the App. B.1 IP literally): ``k = 0..o_i - 1``, peak ``s_i + o_i - 1``.
 
 Under both, the completion time is ``c_i = p_i + o_i`` and the objective is the total end-to-end
-latency ``TEL = sum_i (p_i + o_i - a_i)`` (digest §1.6; AEL = TEL / n).
+latency ``TEL = sum_i (p_i + o_i - a_i)`` (Jaillet et al. 2025, section 3; AEL = TEL / n).
 
-Solvers: :func:`solve_ip` (the linearised time-indexed IP of digest §5.2, HiGHS via
+Solvers: :func:`solve_ip` (our linearisation of the time-indexed IP of Appendix B.1, HiGHS via
 ``scipy.optimize.milp``), :func:`solve_exhaustive` (exact DP over (round, waiting set, running
 profile)), and :func:`solve_optimum` which picks one. :func:`algorithm1_schedule` reproduces the
-paper's Algorithm 1 / 2 start rounds from Eq. (1) (digest §2.1-2.3), which is *not* optimal
-(digest §5.3; regression instances in the tests). Adversarial instance families of Thm 6.2 / 6.4
-(digest §2.6) are at the end.
+paper's Algorithm 1 / 2 start rounds from Eq. (1) (sections 4 and 5.1), which is *not* optimal
+(we found counter-examples by exhaustive search; regression instances in the tests). Adversarial
+instance families of Thm 6.2 / 6.4 (section 6) are at the end.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _int_array(name: str, values: object, n: int | None = None) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Instance:
-    """A static round-mode instance (digest §1.2, §1.5).
+    """A static round-mode instance (Jaillet et al. 2025, section 3).
 
     :param arrival: arrival round ``a_i`` of each request (integers >= 0); a scalar is broadcast.
     :param prompt: prompt size ``s_i`` in tokens (integers >= 1); a scalar is broadcast (the
@@ -71,7 +71,7 @@ class Instance:
     :param output: output length ``o_i`` (integers >= 1); defines ``n``.
     :param M: KV capacity in tokens (integer >= 1). Every request must fit alone: its peak
         (``s_i + o_i`` under A, ``s_i + o_i - 1`` under B) must be ``<= M``.
-    :param convention: ``"A"`` (Eq. (1), default) or ``"B"`` (App. B.1 IP); digest §1.2.
+    :param convention: ``"A"`` (Eq. (1), default) or ``"B"`` (App. B.1 IP); see the module docstring.
     """
 
     arrival: np.ndarray
@@ -108,7 +108,7 @@ class Instance:
 
     @classmethod
     def semi_online(cls, output: object, s: int, M: int, convention: Convention = "A") -> Instance:
-        """All requests arrive at round 0 with a common prompt size ``s`` (digest §1.5 model 1)."""
+        """All requests arrive at round 0 with a common prompt size ``s`` (the semi-online model of section 4)."""
         out = _int_array("output", output)
         return cls(arrival=np.zeros(out.size, dtype=np.int64), prompt=s, output=out, M=M,
                    convention=convention)
@@ -119,7 +119,7 @@ class Instance:
 
     @property
     def delta(self) -> int:
-        """``Δ`` of digest §5.2: 1 under convention A, 0 under B (extra resident round)."""
+        """``Δ`` of the linearised IP: 1 under convention A, 0 under B (extra resident round)."""
         return 1 if self.convention == "A" else 0
 
     @property
@@ -128,7 +128,7 @@ class Instance:
         return self.output + self.delta
 
     def total_output(self) -> int:
-        """Trivial lower bound ``TEL >= sum_i o_i`` (digest §5.2)."""
+        """Trivial lower bound ``TEL >= sum_i o_i``."""
         return int(self.output.sum())
 
 
@@ -142,7 +142,7 @@ def _check_starts(instance: Instance, starts: object) -> np.ndarray:
 
 
 def memory_profile(instance: Instance, starts: object) -> np.ndarray:
-    """Resident KV tokens in each round ``0..T`` (``T`` = last occupied round), digest §1.2.
+    """Resident KV tokens in each round ``0..T`` (``T`` = last occupied round), as in section 3.
 
     Request ``i`` started at ``p_i`` contributes ``s_i + k`` in round ``p_i + k`` for
     ``k = 0..o_i`` (convention A) or ``k = 0..o_i - 1`` (convention B).
@@ -159,7 +159,7 @@ def memory_profile(instance: Instance, starts: object) -> np.ndarray:
 
 
 def is_feasible(instance: Instance, starts: object) -> bool:
-    """True iff every ``p_i >= a_i`` and the memory profile never exceeds ``M`` (digest §1.3)."""
+    """True iff every ``p_i >= a_i`` and the memory profile never exceeds ``M`` (section 3)."""
     p = _check_starts(instance, starts)
     if np.any(p < instance.arrival):
         return False
@@ -167,7 +167,7 @@ def is_feasible(instance: Instance, starts: object) -> bool:
 
 
 def total_latency(instance: Instance, starts: object) -> int:
-    """``TEL = sum_i (p_i + o_i - a_i)`` (digest §1.6); does not check feasibility."""
+    """``TEL = sum_i (p_i + o_i - a_i)`` (section 3); does not check feasibility."""
     p = _check_starts(instance, starts)
     return int((p + instance.output - instance.arrival).sum())
 
@@ -181,7 +181,7 @@ def _fits(instance: Instance, active: list[tuple[int, int]], t: int) -> bool:
     """Eq. (1) at the completion points: ``active`` = (request, start) pairs resident at ``t``.
 
     Memory is increasing between the last resident rounds of the active requests, so checking
-    each such round (a local peak; digest §2.1, including the candidates' own, erratum E10)
+    each such round (a local peak; section 4, Eq. (1), including the candidates' own completion points, which the text omits)
     is equivalent to the dense check over every future round.
     """
     s, r = instance.prompt, instance.resident_rounds
@@ -202,10 +202,10 @@ def algorithm1_schedule(instance: Instance, on_fail: Literal["break", "skip"] = 
                         order: Literal["shortest", "fcfs"] = "shortest") -> np.ndarray:
     """Start rounds chosen by the paper's Algorithm 1 (Algorithm 2 when arrivals differ).
 
-    Digest §2.2/§2.3: each round, running requests continue; waiting (arrived, unstarted)
+    Jaillet et al. 2025, sections 4 and 5.1: each round, running requests continue; waiting (arrived, unstarted)
     requests are tried in ascending ``o_i`` (ties: earlier arrival, then smaller index) and
     admitted while Eq. (1) holds at every completion point; the paper stops at the first failure
-    (``on_fail="break"``); ``"skip"`` is the digest's [ours] variant. ``order="fcfs"`` tries
+    (``on_fail="break"``); ``"skip"`` is our variant, not the paper's. ``order="fcfs"`` tries
     requests by arrival instead (a feasible FCFS schedule, used only as an IP incumbent).
     This computes the rule on a static instance directly; it is not the simulator.
     """
@@ -243,7 +243,7 @@ def _greedy_incumbent(instance: Instance) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------
-# Integer program (digest §5.2)
+# Integer program (our linearisation of Jaillet et al. 2025, Appendix B.1)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -292,7 +292,7 @@ def _windows(instance: Instance, slack: int, horizon: int | None) -> tuple[np.nd
 
 
 def _build_ip(instance: Instance, lo: np.ndarray, hi: np.ndarray):
-    """Time-indexed IP of digest §5.2: x_{i,t}=1 iff i starts at t; rows = rounds."""
+    """Time-indexed IP (linearised Appendix B.1): x_{i,t}=1 iff i starts at t; rows = rounds."""
     counts = np.maximum(hi - lo + 1, 0)
     n_vars = int(counts.sum())
     var_req = np.repeat(np.arange(instance.n), counts)
@@ -358,7 +358,7 @@ def _run_milp(instance: Instance, lo: np.ndarray, hi: np.ndarray, time_limit_s: 
 
 
 def lp_bound(instance: Instance, time_limit_s: float = 60.0) -> float:
-    """LP-relaxation lower bound on the global optimum TEL (digest §5.2).
+    """LP-relaxation lower bound on the global optimum TEL (linearised Appendix B.1 IP).
 
     Uses the lossless start windows (waiting time ``<=`` greedy TEL ``- sum o``), so the bound
     is valid for the unrestricted problem; returns ``max(LP, sum o_i)``.
@@ -375,7 +375,7 @@ def lp_bound(instance: Instance, time_limit_s: float = 60.0) -> float:
 
 
 def solve_ip(instance: Instance, horizon: int | None = None, time_limit_s: float = 60.0) -> OptResult:
-    """Minimum-TEL non-preemptive schedule by the linearised IP of digest §5.2 (HiGHS).
+    """Minimum-TEL non-preemptive schedule by the linearised IP of Jaillet et al. 2025, Appendix B.1 (HiGHS).
 
     ``x_{i,t} = 1`` iff request ``i`` starts at ``t``; one start per request; for every round
     ``tau``: ``sum_{i,k: 0 <= tau-k <= o_i - 1 + Δ} (s_i + tau - k) x_{i,k} <= M``.
@@ -448,14 +448,14 @@ def solve_ip(instance: Instance, horizon: int | None = None, time_limit_s: float
 
 
 # ----------------------------------------------------------------------------------------------
-# Exhaustive DP (digest §5.3)
+# Exhaustive DP (ours; checks the IP and Algorithm 1)
 # ----------------------------------------------------------------------------------------------
 
 
 def solve_exhaustive(instance: Instance, max_states: int = 1_000_000) -> OptResult:
     """Exact minimum TEL by memoised search over (round, waiting set, running profile).
 
-    Digest §5.3: each round, any memory-feasible subset of the arrived waiting requests may start
+    Each round, any memory-feasible subset of the arrived waiting requests may start
     (including none); running requests continue. TEL is accumulated as ``sum o_i`` plus one per
     waiting request per round, so once every request has arrived the value depends only on
     (waiting set, running ages) and the round is dropped from the key. Subsets are enumerated
@@ -556,7 +556,7 @@ def solve_exhaustive(instance: Instance, max_states: int = 1_000_000) -> OptResu
 
 def solve_optimum(instance: Instance, method: Literal["auto", "ip", "exhaustive"] = "auto",
                   time_limit_s: float = 60.0) -> OptResult:
-    """Hindsight-optimal (non-preemptive) schedule, digest §5.
+    """Hindsight-optimal (non-preemptive) schedule (Jaillet et al. 2025, Appendix B.1).
 
     ``method="exhaustive"``: :func:`solve_exhaustive`, limited to ``n <= 8`` and ``o_i <= 64``
     (the state space is exponential in ``n``; with these limits a search finishes in well under a
@@ -582,7 +582,7 @@ def solve_optimum(instance: Instance, method: Literal["auto", "ip", "exhaustive"
 
 
 # ----------------------------------------------------------------------------------------------
-# Regret / ratio helpers (digest §1.6)
+# Regret / ratio helpers (Jaillet et al. 2025, section 3)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -601,7 +601,7 @@ def ratio_to_opt(tel_policy: float, opt_tel: float) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Adversarial instances (digest §2.6, Thm 6.2 / 6.4)
+# Adversarial instances (Jaillet et al. 2025, section 6, Thm 6.2 / 6.4)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -616,7 +616,7 @@ def _eps_m(M: int, eps: float) -> int:
 
 def adversarial_deterministic(M: int, eps: float, t_long_start: int = 0,
                               convention: Convention = "A") -> Instance:
-    """Thm 6.2 instance (digest §2.6) against an algorithm that starts the long job at ``t'``.
+    """Thm 6.2 instance (Jaillet et al. 2025, section 6) against an algorithm that starts the long job at ``t'``.
 
     ``s = eps*M`` for every request; request 0 arrives at 0 with ``o = (1 - eps) M`` (so
     ``s + o = M``); ``eps*M`` short requests with ``o = 1`` arrive at ``t' + (1 - 2 eps) M``.
@@ -631,7 +631,7 @@ def adversarial_deterministic(M: int, eps: float, t_long_start: int = 0,
 
 
 def adversarial_bounds(M: int, eps: float) -> dict[str, float]:
-    """The paper's Thm 6.2 bounds, copied from the digest §2.6 (asymptotic in ``M``).
+    """The paper's Thm 6.2 bounds, copied from section 6 (asymptotic in ``M``).
 
     ``A1`` (online continues the long job): ``TEL >= (eps^3/2 + eps^2) M^2 + (1 - eps/2) M``;
     ``A2`` (online interrupts/delays it): ``TEL >= eps^2 M^2 / 2 + (2 - eps/2) M``;
@@ -664,7 +664,7 @@ def adversarial_wait_schedule(instance: Instance) -> np.ndarray:
 
 
 def adversarial_yao(M: int, eps: float, c: int, convention: Convention = "A") -> list[tuple[float, Instance]]:
-    """Thm 6.4 (Yao) distribution, digest §2.6: ``[(probability, instance), ...]``.
+    """Thm 6.4 (Yao) distribution (Jaillet et al. 2025, section 6): ``[(probability, instance), ...]``.
 
     A long request (``s + o = M``, ``s = eps M``) at round 0; instance ``I_k`` adds ``eps M``
     unit-output shorts at round ``k M`` for ``k in {1 - 2 eps, 1 - eps, ..., c + 1 - 2 eps}``.

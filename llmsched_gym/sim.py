@@ -18,7 +18,7 @@ from llmsched_gym.core.scheduler import Scheduler
 class SimResult:
     """What a run produced.
 
-    :ivar summary: the summary dict (ARCHITECTURE.md 4.4).
+    :ivar summary: the summary dict (see README, "The summary JSON").
     :ivar requests: per-request table (column name -> array), every arrived request.
     :ivar iterations: the iteration log (column name -> array), one row per iteration.
     :ivar engine: the finished engine (for custom metrics).
@@ -74,7 +74,7 @@ def make_engine(
         pol = {"name": policy, **set_params}
     scheduler = make_policy(pol, policy_params)
     workload, config, latency = build_scenario(spec, seed)
-    # a policy may need particular engine semantics (e.g. seed 000's clear-all on overflow);
+    # a policy may need particular engine semantics (e.g. Jaillet et al. 2025's clear-all on overflow);
     # explicit --set engine.X overrides still win
     forced = getattr(scheduler, "engine_overrides", {}) or {}
     explicit = {k.split(".", 1)[1] for k in (overrides or {}) if k.startswith("engine.")}

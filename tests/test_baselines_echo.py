@@ -1,4 +1,4 @@
-"""Seed 001 (Echo): the echo / echo-bs / echo-bs-e / echo-bs-e-s policies, the task-aware KV
+"""Wang et al. 2025 (Echo): the echo / echo-bs / echo-bs-e / echo-bs-e-s policies, the task-aware KV
 eviction order, the estimators and the threshold."""
 
 from __future__ import annotations

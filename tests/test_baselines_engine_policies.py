@@ -1,4 +1,4 @@
-"""Engine baselines: vLLM v1 / v0, Sarathi, SJF / SRPT (seed 003 digest 3.6 and the issue)."""
+"""Engine baselines: vLLM v1 / v0, Sarathi, SJF / SRPT (Ao et al. 2025, section 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Seed 000 (Jaillet et al.): MC-SF / Algorithm 1 and the alpha-protection benchmarks.
+"""Jaillet et al. 2025: MC-SF / Algorithm 1 and the alpha-protection benchmarks.
 
 Engine conventions used throughout: token-level KV (block size 1) and ``prefill_emits_token =
 False`` (convention A), so a request started in round ``p`` completes at the end of round

@@ -1,4 +1,4 @@
-"""Seed 004 (k-LPM) claims: the toy example, k = 1 is FCFS, a huge k is LPM, Theorem 2's k-LPM
+"""Dexter et al. 2025 (k-LPM) claims: the toy example, k = 1 is FCFS, a huge k is LPM, Theorem 2's k-LPM
 bound on a Definition 4 burst, SGLang's fallback and in-batch deprioritisation."""
 
 from __future__ import annotations

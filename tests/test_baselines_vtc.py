@@ -1,4 +1,4 @@
-"""Seed 002 (VTC) claims: Lemma 4.3, Theorem 4.4, the LCF/FCFS failure cases, the Table 2
+"""Sheng et al. 2024 (VTC) claims: Lemma 4.3, Theorem 4.4, the LCF/FCFS failure cases, the Table 2
 analogue on vtc-arena, RPM rejections, and the fairness metric helpers."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from llmsched_gym.core.scheduler import BatchPlan
 from llmsched_gym.sim import simulate
 
 VTC_FAMILY = ["vtc", "vtc-weighted", "vtc-predict", "vtc-oracle", "lcf", "rpm", "drr"]
-A10G = "affine"  # seed 002's Llama-2-7B / A10G fit
+A10G = "affine"  # Sheng et al. 2024's Llama-2-7B / A10G fit
 
 
 def scenario(arrival, client, prompt, output, kv=10_000, latency=A10G, weights=None, **engine) -> dict:
@@ -213,7 +213,7 @@ def test_lcf_breaks_lemma_4_3_when_a_client_joins_late():
 
 def clients_scenario(rates_rpm: list[float], horizon_s: float, weights=None, **engine) -> dict:
     """Uniformly spaced arrivals per client (the artifact's "uniform"), 256/256 tokens, built with
-    the workload spec's ``clients`` key; seed 002's engine (A10G fit, 10,000 tokens)."""
+    the workload spec's ``clients`` key; Sheng et al. 2024's engine (A10G fit, 10,000 tokens)."""
     clients = [{"arrival": {"type": "deterministic", "rate": r / 60.0}} for r in rates_rpm]
     if weights is not None:
         clients = [{**c, "weight": w} for c, w in zip(clients, weights, strict=True)]

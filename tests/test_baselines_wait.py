@@ -1,4 +1,4 @@
-"""Seed 003 (Ao et al.): FCFS-greedy-LIFO, WAIT and Nested WAIT (digest sections 1.4, 2.3-2.5, 3)."""
+"""Ao et al. 2025: FCFS-greedy-LIFO, WAIT and Nested WAIT (sections 2.4, 4 and 5)."""
 
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ def test_nested_wait_drains_the_queue_instead_of_dropping_it():
     ("nested-wait", {"batch_size": -1}, "policy.batch_size"),
     ("fcfs-greedy-lifo", {"alpha": 0.1}, "policy.alpha"),
 ])
-def test_seed003_policies_reject_bad_parameters_in_one_line(policy, params, needle):
+def test_ao_policies_reject_bad_parameters_in_one_line(policy, params, needle):
     with pytest.raises(PolicyError) as e:
         make_policy(policy, **params)
     assert needle in str(e.value) and "\n" not in str(e.value)
@@ -258,7 +258,7 @@ def test_wait_needs_a_threshold_per_type():
 
 
 @pytest.mark.parametrize("policy", ["fcfs-greedy-lifo", "wait", "nested-wait"])
-def test_seed003_policies_on_azure_conv_conserve_requests(policy):
+def test_ao_policies_on_azure_conv_conserve_requests(policy):
     r = simulate("azure-conv", policy, seed=1, overrides={"workload.n_requests": 300})
     s = r.summary
     assert s["n_arrived"] == s["n_completed"] + s["n_rejected"] + s["n_unfinished"] == 300
@@ -267,7 +267,7 @@ def test_seed003_policies_on_azure_conv_conserve_requests(policy):
 
 @pytest.mark.parametrize("scenario", ["azure-conv", "nested-synth4"])
 @pytest.mark.parametrize("policy", ["fcfs-greedy-lifo", "wait", "nested-wait"])
-def test_seed003_policies_hold_only_when_the_plan_would_repeat(scenario, policy):
+def test_ao_policies_hold_only_when_the_plan_would_repeat(scenario, policy):
     # a wrong hold promise makes the engine's fast-forward differ from the step-by-step run
     runs = [simulate(scenario, policy, seed=3, overrides={"workload.n_requests": 200, "engine.fast_forward": ff})
             for ff in (True, False)]

@@ -1,4 +1,4 @@
-"""Tests for llmsched_gym.fluid: the seed-003 digest §2.5 worked test vectors and §2.3-2.4 recipes."""
+"""Tests for llmsched_gym.fluid: test vectors worked from Ao et al. 2025's examples and the section 4-5 recipes."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_theta_root() -> None:
         th = theta_root(n_prev, n_prev * p + D, p)
         n_k = n_prev * p + D
         assert -th * n_k + n_prev * math.log(1 - p + p * math.exp(th)) == pytest.approx(0, abs=1e-9)
-        assert th >= 8 * D / n_prev  # uniform lower bound (digest §2.4)
+        assert th >= 8 * D / n_prev  # uniform lower bound (Ao et al. 2025, section 5)
     small = theta_root(n_prev, n_prev * p + 0.05, p)
     assert small == pytest.approx(2 * 0.05 / (n_prev * p * (1 - p)), rel=0.05)
     assert theta_root(10, 6, 0.6) == 0.0

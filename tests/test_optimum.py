@@ -1,7 +1,7 @@
-"""Tests for llmsched_gym.optimum (seed 000 digest §1.2, §2.2, §2.6, §5).
+"""Tests for llmsched_gym.optimum (Jaillet et al. 2025, sections 3, 4, 6 and Appendix B.1).
 
 TEL convention throughout: TEL = sum_i (p_i + o_i - a_i) with completion c_i = p_i + o_i; convention
-A holds s_i + k KV in rounds p_i + k, k = 0..o_i; convention B only k = 0..o_i - 1 (digest §1.2).
+A holds s_i + k KV in rounds p_i + k, k = 0..o_i; convention B only k = 0..o_i - 1 (section 3 and Appendix B.1).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def test_optimum_command_rejects_instances_beyond_the_size_limit(capsys):
 
 
 def test_regret_and_ratio_to_opt_on_the_semi_online_counterexample():
-    # digest §5.3: Algorithm 1 gives TEL 30 on outputs 4,4,5,5 (s = 1, M = 10); the optimum is 28
+    # found by exhaustive search: Algorithm 1 gives TEL 30 on outputs 4,4,5,5 (s = 1, M = 10); the optimum is 28
     s = policy_vs_optimum(Instance.semi_online([4, 4, 5, 5], s=1, M=10), "semi-online")
     assert s["opt_tel"] == 28
     assert s["ratio_to_opt"] == pytest.approx(30 / 28)

@@ -17,7 +17,7 @@ TRACES = Path(__file__).parents[1] / ".." / "shared" / "traces"
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
 VTC = TRACES / "vtc_arena_real_trace.csv"
 
-# WORKLOADS.md, Azure conv row: mean / p50 / p90 / p99 / max
+# the real Azure conv trace's statistics: mean / p50 / p90 / p99 / max
 AZURE_INPUT = (1155, 1020, 2735, 4142, 14050)
 AZURE_OUTPUT = (211, 129, 424, 601, 1000)
 
@@ -42,7 +42,7 @@ def _close(stats: dict, table: tuple, rel: float) -> None:
 # --- the shipped traces -------------------------------------------------------------------------
 
 
-def test_azure_conv_trace_matches_workloads_md():
+def test_azure_conv_trace_matches_its_statistics():
     wl = T.load_azure(_need(AZURE))
     s = T.trace_stats(wl)
     assert s["n"] == 19366 and wl.arrival_s[0] == 0.0

@@ -137,7 +137,7 @@ def test_round_counts_are_integer_rounds_with_the_pmf_mean():
 # --- lengths ------------------------------------------------------------------------------------
 
 
-def test_lognormal_params_match_workloads_md():
+def test_lognormal_params_match_the_published_statistics():
     mu, sigma = W.lognormal_params(40.62, 11)
     assert (mu, sigma) == pytest.approx((math.log(11), 1.616), abs=1e-3)
     assert W.lognormal_params(85.32, 45)[1] == pytest.approx(1.131, abs=1e-3)

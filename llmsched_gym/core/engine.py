@@ -17,7 +17,7 @@ Semantics of one iteration (``execute``):
 3. KV after the iteration must fit. Otherwise the overflow handler runs: ``forbid`` refuses the
    plan (``PlanError`` naming the request and the shortfall); ``preempt_lifo_recompute`` and
    ``swap`` evict the newest running requests before the iteration (vLLM); ``clear_all`` and
-   ``clear_bernoulli`` (seed 000) run the overflowing iteration and then clear all running requests,
+   ``clear_bernoulli`` (Jaillet et al. 2025) run the overflowing iteration and then clear all running requests,
    or each with probability ``overflow_beta``, back to the queue with their progress lost.
 4. The clock advances by the latency model's batch time (times ``1 + noise`` when
    ``latency_noise_cv > 0``; the noise is indexed by iteration number).
@@ -71,9 +71,9 @@ class EngineConfig:
     :param block_size: 1 = token-level KV (the papers); 16 = paged blocks (vLLM).
     :param prefill_emits_token: the last prefill chunk produces output token 1 (real engines).
     :param overflow: ``forbid | clear_all | clear_bernoulli | preempt_lifo_recompute | swap``.
-    :param overflow_beta: clearing probability of ``clear_bernoulli`` (seed 000's beta).
+    :param overflow_beta: clearing probability of ``clear_bernoulli`` (Jaillet et al. 2025's beta).
     :param preempt_mode: what a preemption (scheduler-requested or by ``preempt_lifo_recompute``)
-        does: ``recompute`` (vLLM: re-prefill prompt + generated), ``restart`` (seed 003's full
+        does: ``recompute`` (vLLM: re-prefill prompt + generated), ``restart`` (Ao et al. 2025's full
         restart), ``swap``.
     :param swap_gb_s: host<->GPU bandwidth for ``swap`` (GB/s, PCIe 4 x16 ~ 25).
     :param kv_bytes_per_token: bytes of KV per token (for swap transfer times).
@@ -634,7 +634,7 @@ class Engine:
         )
 
     def _clear(self, mode: str) -> None:
-        """Seed 000's clearing: running requests go back to the queue, progress lost."""
+        """Jaillet et al. 2025's clearing: running requests go back to the queue, progress lost."""
         if mode == "clear_all":
             victims = list(self.running)
         else:
@@ -780,7 +780,7 @@ class Engine:
             self._log = {c: [] for c in LOG_COLUMNS}
 
     def iteration_log(self) -> dict[str, np.ndarray]:
-        """The iteration log (ARCHITECTURE.md 4.5) as columns."""
+        """The iteration log (one row per engine iteration) as columns."""
         self._flush_log()
         if not self._log_arrays:
             return {c: np.empty(0) for c in LOG_COLUMNS}

@@ -1,8 +1,8 @@
-"""Seed 002 (Sheng et al., "Fairness in Serving Large Language Models") fairness metrics beyond
+"""Sheng et al. 2024 ("Fairness in Serving Large Language Models") fairness metrics beyond
 the summary's ``fairness`` block: cost functions, per-client service over time, the accumulated
 service gap and the paper's per-tick service difference (Tables 2-6: Max/Avg/Var Diff).
 
-Service of a request is a cost ``h(n_p, n_q)`` of its input and output tokens (digest §1.4):
+Service of a request is a cost ``h(n_p, n_q)`` of its input and output tokens (section 3.1):
 ``linear`` (``w_p n_p + w_q n_q``, the paper's 1 and 2), ``profiled`` (Appendix B.2's fit for
 Llama-2-7B on an A10G, ``2.1 n_p + n_q + 0.04 n_p n_q + 0.032 n_q^2 + 11.46``) or
 ``profiled-artifact`` (the artifact's millisecond coefficients, ~1/10 of the paper's).
@@ -202,7 +202,7 @@ def throughput_in_out(run: Run) -> float:
 
 def fairness_report(run: Run, *, cost: CostFn | None = None, horizon_s: float | None = None,
                     n_times: int = 200) -> dict[str, Any]:
-    """The seed 002 numbers of one run, ready for the summary: per-tick difference (horizon: 600 s
+    """Sheng et al. 2024's numbers of one run, ready for the summary: per-tick difference (horizon: 600 s
     or the run's end if sooner), the largest accumulated gap, per-client service over time
     (``n_times`` instants up to the end of the run) and throughput (in + out tokens/s)."""
     result = _Records(run)

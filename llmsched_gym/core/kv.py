@@ -4,14 +4,14 @@ Memory is counted in blocks of ``block_size`` tokens; ``block_size = 1`` is the 
 token-level model. A running request holds ``ceil(kv_tokens / block_size)`` blocks, of which its
 first ``shared`` blocks may be prefix-cache blocks shared with other requests (counted once).
 
-Prefix cache (vLLM's automatic prefix caching, seed 001/004): a request's shareable prompt head
+Prefix cache (vLLM's automatic prefix caching; Wang et al. 2025 and Dexter et al. 2025): a request's shareable prompt head
 (its ``prefix`` segments, see :mod:`llmsched_gym.core.request`) is cut into full blocks; block
 ``b`` is identified by a hash chained over the segments covering tokens ``[0, (b+1)*bs)``. When a
 request's prefill completes, its full head blocks enter the cache; while referenced they count
 as used, and when unreferenced they stay cached (reclaimable, so counted as free for admission)
 until allocation pressure evicts them, least recently used first. Hits skip prefill work.
 
-Eviction order is pluggable (seed 001's task-aware manager): a scheduler may install
+Eviction order is pluggable (Echo's task-aware manager, Wang et al. 2025, section 4.2): a scheduler may install
 ``set_eviction_priority(fn)``; idle blocks are then evicted lowest ``fn(block_hash)`` first, least
 recently released first among equal priorities (deeper blocks first on a tie, as in vLLM), and the
 scheduler calls ``reprioritize`` when priorities of cached blocks change. Without it the order is

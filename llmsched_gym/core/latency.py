@@ -21,9 +21,9 @@ Models (``make_latency`` spec in brackets; each instance's ``name`` is a spec th
 
 =====================  ================================================================
 ``unit``               every iteration takes 1 (the theory papers' rounds)
-``linear``             ``d0 + d1 * KV tokens in the batch`` (seed 003, Eq. 1)
-``piecewise``          ``c + a * max(0, tokens - b0)`` (Li et al. 2025, cited by seed 003)
-``affine``             separate prefill and decode fits (seed 002's A10G profile)
+``linear``             ``d0 + d1 * KV tokens in the batch`` (Ao et al. 2025, Eq. 1)
+``piecewise``          ``c + a * max(0, tokens - b0)`` (Li et al. 2025, cited by Ao et al. 2025)
+``affine``             separate prefill and decode fits (Sheng et al. 2024's A10G profile)
 ``roofline:M/G``       max(compute, memory) + overhead from model and GPU specs
 ``table:PATH``         interpolation in a measured profile (the GPU backend's CSV)
 =====================  ================================================================
@@ -78,15 +78,15 @@ class UnitLatency(LatencyModel):
 
 
 class LinearKVLatency(LatencyModel):
-    """Seed 003's Eq. 1: ``tau = d0 + d1 * (KV tokens of the requests in the batch)``.
+    """Ao et al. 2025's Eq. 1 (section 2.3): ``tau = d0 + d1 * (KV tokens of the requests in the batch)``.
 
     A prefill request counts its context after the chunk, a decode request its KV including the
     token it is about to produce, so the KV in the batch is
     ``prefill_ctx_tokens + decode_ctx_tokens + n_decode``. Resident but paused requests do not
     count.
 
-    The paper publishes no coefficients. The defaults are the digest's estimate for Llama-2-7B
-    fp16 on one A100 (seed 003 digest §1.2): ``d1`` = 0.5 MiB of KV per token at about 2 TB/s,
+    The paper publishes no coefficients. The defaults are our estimate for Llama-2-7B
+    fp16 on one A100: ``d1`` = 0.5 MiB of KV per token at about 2 TB/s,
     ``d0`` = streaming 13.5 GB of weights (7-12 ms). Calibrate with :func:`fit_linear`.
 
     :param d0: fixed cost per iteration, seconds.
@@ -109,7 +109,7 @@ class LinearKVLatency(LatencyModel):
 
 
 class PiecewiseLatency(LatencyModel):
-    """Li et al. (2025), as cited in seed 003 §1.2: ``tau = c + a * max(0, b' - b0)``.
+    """Li et al. (2025), as cited in Ao et al. 2025, section 2.3: ``tau = c + a * max(0, b' - b0)``.
 
     Flat below ``b0`` (the weights' memory read dominates), linear above it (compute-bound).
     The paper does not define the load ``b'``; we read it as the tokens computed in the
@@ -150,9 +150,9 @@ class AffineLatency(LatencyModel):
       + decode_per_kv_s * (decode_ctx_tokens + n_decode)`` (KV in use after the step).
 
     A mixed batch costs the sum of the two parts, as in engines that run the prefill and the
-    decode forward passes one after the other (S-LoRA/LightLLM, where seed 002 measured).
+    decode forward passes one after the other (S-LoRA/LightLLM, where Sheng et al. 2024 measured).
 
-    Defaults: seed 002's A10G / Llama-2-7B profile (digest §4.6, fitted from the artifact's
+    Defaults: Sheng et al. 2024's A10G / Llama-2-7B profile (our fit to their artifact's
     ``cost_profile.json``): prefill ms = 35.7 + 0.21 x batch + 0.2086 x input tokens; decode
     ms = 16.3 + 0.245 x batch + 0.00202 x KV tokens (residuals within 4 ms).
     ``prefill_per_ctx_s`` (attention over a cached prefix) is 0 there; it is ours to set.
@@ -538,7 +538,7 @@ def fit_affine(rows: Iterable[Sequence[float]]) -> AffineLatency:
 
 
 def fit_linear(rows: Iterable[Sequence[float]]) -> LinearKVLatency:
-    """Least-squares :class:`LinearKVLatency` (seed 003's ``d0``, ``d1``) from all profile rows."""
+    """Least-squares :class:`LinearKVLatency` (Ao et al. 2025's ``d0``, ``d1``) from all profile rows."""
     a, _, _ = _shapes(rows)
     if len(a) < 2:
         raise ValueError("latency: fit_linear needs at least 2 rows")
@@ -644,9 +644,9 @@ def list_latency_presets() -> dict[str, str]:
     """Named latency specs with a one-line description each (for ``llmsched list``)."""
     presets = {
         "unit": "every iteration takes 1 round (theory papers)",
-        "linear": "d0 + d1 x KV tokens in the batch, d0=10 ms, d1=2.6e-7 s (seed 003 Eq. 1; our estimate)",
+        "linear": "d0 + d1 x KV tokens in the batch, d0=10 ms, d1=2.6e-7 s (Ao et al. 2025, Eq. 1; our estimate)",
         "piecewise": "flat 9.8 ms up to 96 tokens, then 86 us/token (Li et al. 2025 form; ours)",
-        "affine": "separate prefill and decode fits, A10G / Llama-2-7B (seed 002 profile)",
+        "affine": "separate prefill and decode fits, A10G / Llama-2-7B (Sheng et al. 2024's profile)",
     }
     for name, (model, gpu) in ROOFLINE_PRESETS.items():
         presets[name] = f"roofline, {model} on {gpu} (mfu 0.5, mbu 0.8, 1.5 ms overhead; ours)"

@@ -1,4 +1,4 @@
-"""Per-request records, the summary JSON (ARCHITECTURE.md 4.4), fairness and SLO metrics.
+"""Per-request records, the summary JSON (see the README), fairness and SLO metrics.
 
 Conventions:
 
@@ -7,9 +7,9 @@ Conventions:
   scheduled - arrival``. Latency statistics cover completed requests.
 * ``n_arrived == n_completed + n_rejected + n_unfinished`` always holds; unfinished requests are
   listed with their progress in the per-request table, never dropped.
-* Service (seed 002) of a client = ``w_p x prompt tokens prefilled + w_q x output tokens``, with
+* Service (Sheng et al. 2024, section 3.1) of a client = ``w_p x prompt tokens prefilled + w_q x output tokens``, with
   the paper's ``w_p = 1, w_q = 2``.
-* SLO attainment (seed 001): the fraction of completed requests with SLOs whose TTFT and mean
+* SLO attainment (Wang et al. 2025): the fraction of completed requests with SLOs whose TTFT and mean
   TPOT are within them; ``goodput`` counts those per second.
 """
 
@@ -86,7 +86,7 @@ def jain_index(x: np.ndarray) -> float:
 
 
 def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s: float = 0.0) -> dict[str, Any]:
-    """The run summary (ARCHITECTURE.md 4.4 plus extra keys)."""
+    """The run summary (the keys are listed in the README)."""
     wl = engine.workload
     state = engine.state
     n_arrived = int(np.count_nonzero(state != 0))
@@ -170,7 +170,7 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         sv = svc[active] / wl.client_weight[active]
         from llmsched_gym.core.fairness import fairness_report
 
-        # end-of-run totals (equal for every policy that completes everything), then seed 002's
+        # end-of-run totals (equal for every policy that completes everything), then Sheng et al.'s
         # over-time view: the largest accumulated gap, the per-tick difference and service curves
         s["fairness"] = {
             "max_service_diff": float(sv.max() - sv.min()) if len(sv) else 0.0,

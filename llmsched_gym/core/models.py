@@ -123,9 +123,9 @@ GPU_ALIASES: dict[str, str] = {"a100": "a100-80gb", "2xa100": "a100x2", "h100": 
 """Short names accepted wherever a GPU name is (``roofline:llama-2-7b/a100``)."""
 
 REFERENCE_CAPACITY_TOKENS: dict[tuple[str, str], int] = {
-    # Vidur's setting in seed 003's experiments: 7,424 blocks of 16 tokens.
+    # Vidur's setting in Ao et al. 2025's experiments: 7,424 blocks of 16 tokens.
     ("llama-2-7b", "a100-80gb"): 118_784,
-    # Seed 000's M. Its own formula gives a different number; kept as used, for reproduction.
+    # Jaillet et al. 2025's M (section 7). Its own formula gives a different number; kept as used, for reproduction.
     ("llama-2-70b", "a100x2"): 16_492,
 }
 """Capacities the papers used, keyed by lower-case (model, GPU); they win over the formula."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 ONLINE, OFFLINE = 0, 1
-"""Task classes (seed 001): online requests carry SLOs, offline ones are throughput work."""
+"""Task classes (Echo, Wang et al. 2025): online requests carry SLOs, offline ones are throughput work."""
 
 Segments = tuple[tuple[int, int], ...]
 
@@ -34,9 +34,9 @@ class Workload:
     :param prompt_tokens: prompt length of each request (>= 1).
     :param output_tokens: true output length (>= 1); hidden from non-oracle policies.
     :param predicted_output: the output length a policy may use (defaults to the true one).
-    :param client: client id of each request (fairness, seed 002); 0 when there is one client.
-    :param task_class: ``ONLINE`` (0) or ``OFFLINE`` (1) (seed 001).
-    :param type_id: prompt type (seed 003's types; 0 when untyped).
+    :param client: client id of each request (fairness, Sheng et al. 2024); 0 when there is one client.
+    :param task_class: ``ONLINE`` (0) or ``OFFLINE`` (1) (Wang et al. 2025).
+    :param type_id: prompt type (Ao et al. 2025's types; 0 when untyped).
     :param ttft_slo_s: TTFT SLO in seconds, ``inf`` when unset.
     :param tpot_slo_s: TPOT SLO in seconds, ``inf`` when unset.
     :param prefix: per-request prefix segments (see module doc) or ``None``.

@@ -31,10 +31,10 @@ LMSYS_OUTPUT = {"type": "lognormal", "mean": 85.32, "median": 45, "max": 4096}
 
 def _jaillet(rate: float) -> dict[str, Any]:
     return {
-        "description": f"Seed 000 section 7: Poisson {rate:g}/s, LMSYS-like word-count lengths "
+        "description": f"Jaillet et al. 2025, section 7: Poisson {rate:g}/s, LMSYS-like word-count lengths "
         "(lognormal fits of mean/median), Llama-2-70B on 2xA100 with M = 16,492 tokens, token-level KV, "
         "prefill emits no token (convention A).",
-        "paper": "seed000 (Jaillet et al.), section 4.3-4.4 of the digest",
+        "paper": "Jaillet et al. 2025, section 7",
         "workload": {"arrival": {"type": "poisson", "rate": rate}, "n_requests": 10_000,
                      "prompt": LMSYS_PROMPT, "output": LMSYS_OUTPUT},
         "engine": {"kv_capacity_tokens": 16_492, "block_size": 1, "prefill_emits_token": False,
@@ -50,7 +50,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "Llama-2-7B on one A100 (roofline), paged KV with 118,784 tokens (7,424 blocks of 16) as Vidur "
         "sets it, vLLM-style LIFO preemption with recompute. A cut (n_requests, horizon_s) starts at a seeded row. Falls back to a synthetic trace fitted to "
         "the published statistics when ../shared/traces is absent.",
-        "paper": "Splitwise (ISCA 2024) trace; capacity from seed003 digest section 5.6",
+        "paper": "Azure trace of Patel et al. 2024 (Splitwise); capacity as Vidur sets it in Ao et al. 2025, section 6",
         "workload": {"trace": {"format": "azure", "window": "random"}},
         "engine": {"kv_capacity_tokens": 118_784, "block_size": 16, "prefill_emits_token": True,
                    "overflow": "preempt_lifo_recompute", "kv_bytes_per_token": 524_288},
@@ -62,16 +62,16 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "jaillet-noisy": {
         **_jaillet(50.0),
         "description": "jaillet-high with output lengths known only through a noisy prediction "
-        "(round(true x U(0.5, 1.5)); seed 000 section 8.1 bounds the error instead): memory-aware admission can "
+        "(round(true x U(0.5, 1.5)); Jaillet et al. 2025, section 8.1, bounds the error instead): memory-aware admission can "
         "under-reserve, so overflow preempts the newest request and recomputes it (vLLM-style).",
         "workload": {**_jaillet(50.0)["workload"], "predictor": {"type": "noisy", "x": 0.5}},
         "engine": {**_jaillet(50.0)["engine"], "overflow": "preempt_lifo_recompute"},
     },
     "vtc-arena": {
-        "description": "Seed 002's real workload: the 27-client Chatbot Arena trace (1,500 requests over "
-        "600 s), Llama-2-7B on an A10G (the seed 002 affine fit), token-level KV pool of 10,000 tokens. "
+        "description": "Sheng et al. 2024's real workload (section 5.3): the 27-client Chatbot Arena trace (1,500 requests over "
+        "600 s), Llama-2-7B on an A10G (the affine fit to Sheng et al.'s profile), token-level KV pool of 10,000 tokens. "
         "Falls back to a synthetic 27-client trace with the same size and mean lengths when the file is absent.",
-        "paper": "seed002 (Sheng et al.), section 4.4 of the digest",
+        "paper": "Sheng et al. 2024, section 5.3",
         "workload": {"trace": {"format": "vtc"}},
         "engine": {"kv_capacity_tokens": 10_000, "block_size": 1, "prefill_emits_token": True,
                    "overflow": "preempt_lifo_recompute"},
@@ -79,10 +79,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "policy": "fcfs",
     },
     "wait-high": {
-        "description": "Seed 003 high demand (section 6.1): three types (l=20; l'=100/200/300; rates "
+        "description": "Ao et al. 2025, high demand (section 6.1): three types (l=20; l'=100/200/300; rates "
         "6000/4000/2000 req/s), 10,000 requests (a burst then a drain, as in the companion code), "
         "Llama-3-8B on an A100 with Vidur's 483,328-token capacity, paged KV, prefill emits no token.",
-        "paper": "seed003 (Ao et al.), digest sections 5.2 and 5.6",
+        "paper": "Ao et al. 2025, section 6.1",
         "workload": {"types": [{"rate": 6000, "prompt": 20, "output": 100},
                                {"rate": 4000, "prompt": 20, "output": 200},
                                {"rate": 2000, "prompt": 20, "output": 300}],
@@ -94,10 +94,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "policy": "fcfs",
     },
     "nested-synth4": {
-        "description": "Seed 003 Nested WAIT synthetic 4-type workload (Fig. 11): prefill 10, decode "
+        "description": "Ao et al. 2025, Nested WAIT synthetic 4-type workload (Fig. 11): prefill 10, decode "
         "20/40/80/160, rates 20/40/80/160 req/s (the companion code's values), 15,000 requests, "
         "Llama-3-8B on an A100.",
-        "paper": "seed003 (Ao et al.), digest sections 5.3 and 5.6",
+        "paper": "Ao et al. 2025, section 6.2",
         "workload": {"types": [{"rate": 20, "prompt": 10, "output": 20},
                                {"rate": 40, "prompt": 10, "output": 40},
                                {"rate": 80, "prompt": 10, "output": 80},
@@ -110,10 +110,10 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "policy": "fcfs",
     },
     "klpm-toy": {
-        "description": "Seed 004's toy example (section 4.2): queries U1D1, U2D2, U1D3, U2D4 (user and "
+        "description": "Dexter et al. 2025's toy example (section 4.2): queries U1D1, U2D2, U1D3, U2D4 (user and "
         "document segments of 5 tokens) all at t = 0, batch size 1, cost = uncached prompt tokens "
         "(c_attn = 0), a cache holding only the last prompt. FCFS max TTFT 40, LPM 30.",
-        "paper": "seed004 (Dexter et al.), digest sections 4.3 and 6.7 (E0)",
+        "paper": "Dexter et al. 2025, section 4.2",
         "workload": {"explicit": {
             "arrival_s": [0, 0, 0, 0], "prompt_tokens": [10, 10, 10, 10], "output_tokens": [1, 1, 1, 1],
             "prefix": [[[1, 5], [11, 5]], [[2, 5], [12, 5]], [[1, 5], [13, 5]], [[2, 5], [14, 5]]]}},
@@ -125,12 +125,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "policy": "fcfs",
     },
     "echo-hybrid": {
-        "description": "Seed 001: online requests (diurnal Poisson, ShareGPT-like lengths, TTFT 1 s / "
+        "description": "Echo (Wang et al. 2025, section 7.1): online requests (diurnal Poisson, ShareGPT-like lengths, TTFT 1 s / "
         "TPOT 0.05 s SLOs) co-scheduled with an offline pool submitted at t = 0 (LooGLE-like long "
         "shared-document prompts; 40,000 of them, more than a 10-minute window can serve, so the "
         "offline queue never drains), Llama-3.1-8B (~150K KV tokens), paged KV with prefix caching. "
         "Time compressed to a 10-minute window; the run stops at 600 s and reports the rest unfinished.",
-        "paper": "seed001 (Echo), digest sections 3.2 and 4.9",
+        "paper": "Wang et al. 2025 (Echo), section 7.1",
         "workload": {
             "arrival": {"type": "diurnal", "mean_rate": 4.0, "amplitude": 0.7142857, "period_s": 600.0,
                         "peak_s": 300.0},

@@ -11,7 +11,7 @@ Formats (``FORMATS``):
 
 * ``azure``: ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Splitwise / Azure LLM inference trace
   2023; timestamps such as ``2023-11-16 18:15:46.6805900``).
-* ``vtc``: ``arrival_s,client,prompt_tokens,output_tokens`` (seed 002's arena trace; sets
+* ``vtc``: ``arrival_s,client,prompt_tokens,output_tokens`` (Sheng et al. 2024's arena trace; sets
   ``client``).
 * ``csv`` / ``jsonl``: ``arrival_s, prompt_tokens, output_tokens`` and optionally ``client``,
   ``prefix_group`` and ``prefix_tokens`` (CSV columns in any order, or one JSON object per line).
@@ -194,7 +194,7 @@ def load_azure(path: str | os.PathLike, *, on_zero: str = "error") -> Workload:
 
 
 def load_vtc(path: str | os.PathLike, *, on_zero: str = "error") -> Workload:
-    """Seed 002's arena trace (``arrival_s,client,prompt_tokens,output_tokens``; 27 clients)."""
+    """Sheng et al. 2024's arena trace (``arrival_s,client,prompt_tokens,output_tokens``; 27 clients)."""
     path = Path(path)
     _, t = _read_csv(path, VTC_HEADER)
     return _finish(t, t.floats("arrival_s"), "vtc", path, client=t.ints("client", lo=0),
@@ -375,7 +375,7 @@ def read_column(path: str | os.PathLike, column: str) -> np.ndarray:
 
 
 def trace_stats(workload: Workload) -> dict:
-    """Summary in the shape of WORKLOADS.md's table: ``n``, ``duration_s``, ``rate`` (requests
+    """Trace statistics: ``n``, ``duration_s``, ``rate`` (requests
     per second over the arrival span), ``input`` and ``output`` (``mean``, ``p50``, ``p90``,
     ``p99``, ``max`` in tokens) and ``interarrival_cv``."""
     t = workload.arrival_s
@@ -410,7 +410,7 @@ def synthetic_azure_conv(seed: int, n: int = 19366) -> Workload:
 
     Gamma inter-arrivals (shape 0.87, i.e. CV 1.07) at 5.53 requests/s; input and output lengths
     drawn independently (the trace's correlation is -0.11) from piecewise-linear quantile fits,
-    which match the table in WORKLOADS.md (input mean 1155, p50 1020, p90 2735, p99 4142, max
+    which match the real trace's statistics (input mean 1155, p50 1020, p90 2735, p99 4142, max
     14050; output 211 / 129 / 424 / 601 / 1000) within sampling noise.
     """
     rng = np.random.default_rng(seed)
@@ -422,7 +422,7 @@ def synthetic_azure_conv(seed: int, n: int = 19366) -> Workload:
 
 
 def synthetic_vtc_arena(seed: int, n: int = 1500) -> Workload:
-    """A stand-in for seed 002's arena trace when the file is absent: 27 clients with Zipf-like
+    """A stand-in for Sheng et al. 2024's arena trace when the file is absent: 27 clients with Zipf-like
     shares (1/rank), Poisson arrivals at 2.5/s (1,500 requests over about 600 s), lognormal lengths
     with the trace's means (prompt 136, output 256 tokens; medians 70 and 200 are our choice)."""
     rng = np.random.default_rng(seed)

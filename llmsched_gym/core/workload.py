@@ -46,7 +46,7 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     ``max`` (clip to at most this many tokens). Defaults: ``prompt`` is required except with
     ``types``, ``users`` or ``trace``; ``output`` likewise, except with ``users`` where it is 1.
 ``types`` (list of ``{"rate", "prompt", "output"}``)
-    Seed 003's prompt types: type j arrives as a Poisson process of rate ``rate`` with lengths
+    Ao et al. 2025's prompt types: type j arrives as a Poisson process of rate ``rate`` with lengths
     ``prompt`` and ``output`` (ints or length specs); sets ``type_id``. With an explicit
     ``arrival`` the rates only set the mix.
 ``clients`` (list of ``{"rate" or "arrival", "weight", "prompt", "output"}``)
@@ -54,7 +54,7 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     client i gets id i and weight ``weight`` (default 1). ``prompt``/``output`` default to the
     top-level ones. Excludes a top-level ``arrival`` and ``types``.
 ``classes`` (mapping: ``offline``, ``ttft_slo_s``, ``tpot_slo_s``)
-    Seed 001: the main stream is online with the given SLOs (defaults 1 s and 0.05 s);
+    Echo (Wang et al. 2025): the main stream is online with the given SLOs (defaults 1 s and 0.05 s);
     ``offline`` is a spec (``n_requests``, ``prompt``, ``output``, ``prefix``) whose requests all
     arrive at t = 0 with infinite SLOs.
 ``prefix`` (mapping)
@@ -62,7 +62,7 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     of G system prompts (uniformly or by ``weights``) of S tokens, prepended to its prompt; each
     stream (each client, the offline pool) gets its own G prompts.
     ``{"type": "users", "users", "k", "user_tokens", "doc_tokens", "base_tokens", "s",
-    "shuffle"}``: seed 004's Definition 4 queue (see :func:`regular_shuffled_queue`); an explicit
+    "shuffle"}``: Dexter et al. 2025's Definition 4 queue (see :func:`regular_shuffled_queue`); an explicit
     ``arrival`` replaces the regular slots ``s, 2s, ...``.
 ``predictor`` (mapping)
     ``oracle``, ``noisy`` (``x``) or ``bucketed`` (``edges``, ``point`` = ``upper`` | ``mid``):
@@ -262,7 +262,7 @@ def diurnal(mean_rate: float, amplitude: float, period_s: float, *, peak_s: floa
     """Poisson arrivals with a sinusoidal (day/night) rate, by thinning:
     ``mean_rate * (1 + amplitude * cos(2 pi (t - peak_s) / period_s))``.
 
-    Seed 001's 24 h trace (peak 12:00-14:00, peak/trough about 6) is
+    Echo's 24 h trace (Wang et al. 2025) (peak 12:00-14:00, peak/trough about 6) is
     ``diurnal(r, 5 / 7, 86400, peak_s=13 * 3600)``.
     """
     mean_rate = _num(mean_rate, "mean_rate", gt=0)
@@ -277,7 +277,7 @@ def diurnal(mean_rate: float, amplitude: float, period_s: float, *, peak_s: floa
 
 def round_counts(pmf: Sequence[float] | np.ndarray, *, n: int | None = None, horizon_s: float | None = None,
                  rng: RngLike = None) -> np.ndarray:
-    """Round mode (seed 000): i.i.d. integer arrival counts per round, ``P(count = c) = pmf[c]``.
+    """Round mode (Jaillet et al. 2025): i.i.d. integer arrival counts per round, ``P(count = c) = pmf[c]``.
 
     Arrival times are round indices 0, 1, 2, ... (as floats); ``horizon_s`` is the number of
     rounds. E.g. Uniform{0..2}: ``round_counts([1/3, 1/3, 1/3], horizon_s=100, rng=0)``.
@@ -328,7 +328,7 @@ def lognormal_params(mean: float, median: float) -> tuple[float, float]:
     """``(mu, sigma)`` of the lognormal with this mean and median:
     ``mu = ln(median)``, ``sigma = sqrt(2 ln(mean / median))`` (since mean = exp(mu + sigma^2 / 2)).
 
-    LMSYS prompts (seed 000, mean 40.62, median 11) give ``(ln 11, 1.616)``.
+    LMSYS prompts (Jaillet et al. 2025, mean 40.62, median 11) give ``(ln 11, 1.616)``.
     """
     median, mean = _num(median, "median", gt=0), _num(mean, "mean", gt=0)
     if mean < median:
@@ -393,7 +393,7 @@ def merge(parts: Sequence[Workload], client_weight: Sequence[float] | None = Non
 
 
 def merge_clients(parts: Sequence[Workload], weights: Sequence[float] | None = None) -> Workload:
-    """Seed 002's multi-client workload: part ``i`` becomes client ``i`` with weight ``weights[i]``
+    """Sheng et al. 2024's multi-client workload: part ``i`` becomes client ``i`` with weight ``weights[i]``
     (default 1), merged by arrival time."""
     w = [1.0] * len(parts) if weights is None else [_num(x, f"weights[{i}]", gt=0) for i, x in enumerate(weights)]
     if len(w) != len(parts):
@@ -404,7 +404,7 @@ def merge_clients(parts: Sequence[Workload], weights: Sequence[float] | None = N
 
 def with_task_classes(online: Workload, offline: Workload, *, ttft_slo_s: float = 1.0,
                       tpot_slo_s: float = 0.05) -> Workload:
-    """Seed 001's co-located serving: ``online`` requests keep their arrivals and get the SLOs;
+    """Echo's co-located serving (Wang et al. 2025): ``online`` requests keep their arrivals and get the SLOs;
     ``offline`` requests all arrive at t = 0 with no SLO (``inf``)."""
     ttft_slo_s, tpot_slo_s = _slo(ttft_slo_s, "ttft_slo_s"), _slo(tpot_slo_s, "tpot_slo_s")
     n_on, n_off = len(online), len(offline)
@@ -428,7 +428,7 @@ def _mix(rates: Sequence[float], size: int, rng: np.random.Generator) -> np.ndar
 
 def typed_mixture(types: Sequence[tuple[float, int, int]], *, n: int | None = None,
                   horizon_s: float | None = None, rng: RngLike = None) -> Workload:
-    """Seed 003's prompt types: type ``j = (rate_j, prompt_j, output_j)`` arrives as its own
+    """Ao et al. 2025's prompt types: type ``j = (rate_j, prompt_j, output_j)`` arrives as its own
     Poisson process; sets ``type_id`` = j.
 
     Sampled as one Poisson stream at ``sum(rate_j)`` whose requests pick type j with probability
@@ -471,7 +471,7 @@ def regular_shuffled_queue(n_users: int, k: int, user_tokens: int, doc_tokens: i
                            base_tokens: int = 0, output_tokens: int | np.ndarray = 1,
                            arrival_s: np.ndarray | None = None, shuffle: bool = True,
                            rng: RngLike = None, first_segment_id: int = 0) -> Workload:
-    """Seed 004's Definition 4 ("Regular Arrival Shuffled Queue"): ``n = n_users * k`` prompts
+    """Dexter et al. 2025's Definition 4 ("Regular Arrival Shuffled Queue"): ``n = n_users * k`` prompts
     ``(base)(user)(doc)``.
 
     Each user prefix (``user_tokens``) is shared by exactly ``k`` prompts; each doc

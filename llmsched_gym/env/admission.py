@@ -4,7 +4,7 @@
   plus the first token when prefill emits one) fits in the KV that is free now, after this
   iteration's decode growth and what the batch being formed already reserves. Memory is counted in
   whole blocks, so a batch of admissible requests never overflows in the iteration it starts.
-* ``future``: seed 000's Eq. (1) (MC-SF, digest section 2.1) with predicted output lengths and
+* ``future``: Jaillet et al. 2025's Eq. (1) (MC-SF, section 4) with predicted output lengths and
   time in iterations: admitting the request keeps the predicted KV of every resident request at or
   below the capacity at every completion point up to its own (the paper checks ``t'`` in
   ``[t, t_max(U)]``), the candidate's own completion included (erratum E10). A running request that

@@ -5,8 +5,8 @@ component      raw value of one step (the weight multiplies it; ``info["reward_c
 =============  ===================================================================================
 ``latency``    minus the request-seconds spent in the system since the previous step: the integral
                of (arrived, not yet completed or rejected requests) over time. It sums exactly to
-               minus the summary's ``total_latency_s`` when every request completes (seed 000,
-               Eq. (6): the latency added per round is the number of requests in the system).
+               minus the summary's ``total_latency_s`` when every request completes (Jaillet et al.
+               2025, Eq. (6): the latency added per round is the number of requests in the system).
 ``throughput`` output tokens generated (re-generated ones after a restart included).
 ``eviction``   minus the tokens whose KV was thrown away by preemptions and clears (recomputed).
 ``slo``        minus the requests that missed their SLO, each counted once: when its TTFT deadline

@@ -4,4 +4,4 @@ Modules are imported on demand; see :mod:`llmsched_gym.reproduce.cli` and ``repo
 """
 
 PAPERS: tuple[str, ...] = ("jaillet", "echo", "vtc", "wait", "klpm")
-"""Papers ``llmsched reproduce`` knows (seeds 000-004)."""
+"""Papers ``llmsched reproduce`` knows (the five papers of docs/papers.md)."""

@@ -1,10 +1,10 @@
 """``llmsched reproduce PAPER [--quick] [--out DIR]`` and ``llmsched optimum --scenario S``.
 
-``reproduce`` runs one paper's experiments (``llmsched_gym/reproduce/PAPER.py``; seed 000's
-sweep is ``jaillet.run_sweep``, adapted here with the optimum rows, the Thm 6.2 instances and a
+``reproduce`` runs one paper's experiments (``llmsched_gym/reproduce/PAPER.py``; Jaillet et al.
+2025's sweep is ``jaillet.run_sweep``, adapted here with the optimum rows, the Thm 6.2 instances and a
 calibrated low demand) and writes ``runs/reproduce/PAPER/report.md`` with plots. ``optimum`` builds a round-mode instance from a scenario's workload (arrival round
 ``floor(arrival_s / round_s)``, true output lengths, ``M = engine.kv_capacity_tokens``) and
-solves the hindsight optimum of seed 000 (digest §5), optionally next to a policy's run.
+solves the hindsight optimum of Jaillet et al. 2025 (Appendix B.1), optionally next to a policy's run.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from llmsched_gym.reproduce.report import (
     write_report,
 )
 
-# --- seed 000 adapter ---------------------------------------------------------------------------
+# --- Jaillet et al. 2025 adapter ------------------------------------------------------------------------
 
 
 def ip_vs_exhaustive(n_instances: int, seed: int = 0) -> tuple[int, int]:
@@ -104,7 +104,7 @@ DEMANDS = (
            "15, 9.0e-4 at 20, 4.3e-3 at 30), i.e. MC-SF near-stable with the memory near its limit; only the rate "
            "is calibrated, on MC-SF alone, so the benchmark slopes and the ratio remain a test"),
 )
-"""Seed 000's two demand levels, plus the calibrated low demand (see the report's notes)."""
+"""Jaillet et al. 2025's two demand levels, plus the calibrated low demand (see the report's notes)."""
 
 
 def _ratio_verdict(d: Demand, ratio: float, mcsf_slope: float, bench_slope: float) -> str:
@@ -146,7 +146,7 @@ def _sweep_rows(d: Demand, sw: dict[str, Any]) -> list[Row]:
 
 
 def run_jaillet(quick: bool = False) -> PaperReport:
-    """Seed 000: Figure 5 slopes and ratios, smallest loop-free alpha, alpha/beta sweeps,
+    """Jaillet et al. 2025: Figure 5 slopes and ratios, smallest loop-free alpha, alpha/beta sweeps,
     optimum references and the Thm 6.2 instances."""
     from llmsched_gym.optimum import adversarial_ratio_lower_bound
 
@@ -225,7 +225,7 @@ def run_jaillet(quick: bool = False) -> PaperReport:
         if not quick and d.rate != 10.0:
             rows += _sweep_rows(d, jaillet.param_sweeps(d.rate, n_values[-1], seeds[0]))
     agree, total = ip_vs_exhaustive(10 if quick else 50)
-    rows.append(Row("IP (digest §5.2) equals exhaustive search on random tiny instances", "exact (ours)",
+    rows.append(Row("IP (Appendix B.1, linearised) equals exhaustive search on random tiny instances", "exact (ours)",
                     f"{agree}/{total}", ordering_verdict(agree == total)))
     if missing_policies(["mcsf"]):
         rows.append(Row("MC-SF ratio to the hindsight optimum", "about 1.005-1.05 (later versions)", "-",
@@ -253,7 +253,7 @@ def run_jaillet(quick: bool = False) -> PaperReport:
     rows.append(Row(f"Thm 6.2: the bound min(A1, A2) / A3 itself grows to 1/eps (eps = {eps})", "-> 10",
                     ", ".join(f"M={M}: {b:.3g}" for M, b in zip(big, lbs, strict=True)),
                     ordering_verdict(all(x < y for x, y in zip(lbs, lbs[1:], strict=False)) and lbs[-1] > 9)))
-    return PaperReport("jaillet", "Seed 000, MC-SF (Jaillet et al.)", rows, plots, notes,
+    return PaperReport("jaillet", "MC-SF (Jaillet et al. 2025)", rows, plots, notes,
                        config=f"jaillet-high / jaillet-low (and lambda = 20), N = {n_values}, seeds {seeds}"
                        + ("" if quick else f"; alpha/beta sweeps at N = {n_values[-1]}, seed {seeds[0]}"))
 
@@ -322,7 +322,7 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--out", default=None, help="report folder (default runs/reproduce/PAPER)")
     sp.set_defaults(func=cmd_reproduce)
 
-    sp = sub.add_parser("optimum", help="hindsight optimum of a small round-mode instance (seed 000)")
+    sp = sub.add_parser("optimum", help="hindsight optimum of a small round-mode instance (Jaillet et al. 2025, Appendix B.1)")
     sp.add_argument("--scenario", required=True)
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="scenario overrides (repeatable)")
     sp.add_argument("--method", choices=("auto", "ip", "exhaustive"), default="auto")

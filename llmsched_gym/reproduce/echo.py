@@ -1,6 +1,6 @@
-"""Seed 001 (Echo: co-scheduling online and offline LLM tasks) reproduction: offline throughput
+"""Echo (Wang et al. 2025: co-scheduling online and offline LLM tasks) reproduction: offline throughput
 normalised to BS with online SLO attainment (Figs 6-7), the diagnostics of Figs 8-10 and the
-resource-planning procedure of section 5.4 (digest §2.6.3, §3.4 and §4.9's sanity checks) on
+resource-planning procedure of section 5.4 (with the results of section 7.2 as sanity checks) on
 ``echo-hybrid``.
 
 Published: Echo up to 3.3x BS in offline throughput (dataset unstated); BS+E slightly below 1;
@@ -10,7 +10,7 @@ ones; running tasks hold more than 50% of the memory in most iterations. Section
 procedure (resources for the peak window, then offline throughput) but no number.
 
 Configurations: the scenario's defaults in the full version (40,000 offline requests submitted at
-t = 0, 600 s, 150K KV tokens; the offline pool never drains, digest §4.9); the quick version stops
+t = 0, 600 s, 150K KV tokens; the offline pool never drains); the quick version stops
 at 150 s with an 8,000-request pool, which does not drain either (checked in the report). At
 150K tokens Echo's KV use stays far below the capacity, so its two memory mechanisms (the
 task-aware eviction order and the predictor's KV threshold) never act and Echo equals BS+E+S;
@@ -126,7 +126,7 @@ def run(quick: bool = False) -> PaperReport:
     if missing:
         rows.append(Row("Offline throughput Echo / BS (Fig. 6)", "up to 3.3x", "-",
                         not_comparable(f"policy {missing[0]} not available")))
-        return PaperReport("echo", "Seed 001, Echo", rows)
+        return PaperReport("echo", "Echo (Wang et al. 2025)", rows)
     spec = scenario(quick)
     horizon = float(spec["engine"]["horizon_s"])
     pool = int(spec["workload"]["classes"]["offline"]["n_requests"])
@@ -223,7 +223,7 @@ def run(quick: bool = False) -> PaperReport:
                         not_comparable("the paper reports no number; ours shows the procedure runs end to end")))
     pool_left = min(v[p]["pool_left"] for v in (m, mb) for p in POLICIES)
     return PaperReport(
-        "echo", "Seed 001, Echo", rows,
+        "echo", "Echo (Wang et al. 2025)", rows,
         notes=[f"echo-hybrid, {horizon:g} s, {pool:,} offline requests submitted at t = 0, seed 0; memory-bound: "
                f"the same with engine.kv_capacity_tokens = {MEMORY_BOUND_KV:,}. Offline throughput is output tokens "
                "of completed offline requests per second.",

@@ -1,10 +1,10 @@
-"""Seed 000 (Jaillet et al.) Figure 5 sweep and the alpha-greedy loop scan.
+"""Jaillet et al. 2025: the Figure 5 sweep and the alpha-greedy loop scan.
 
 Figure 5: mean end-to-end latency of MC-SF and of six alpha-protection configurations against the
-number of arrivals N = 1000..10000 (the first N requests of one Poisson stream; digest section
-4.3-4.4), at high (50/s, ``jaillet-high``) and low (10/s, ``jaillet-low``) demand. The headline
+number of arrivals N = 1000..10000 (the first N requests of one Poisson stream; paper section
+7), at high (50/s, ``jaillet-high``) and low (10/s, ``jaillet-low``) demand. The headline
 statistic is the slope of mean latency vs N (least squares) and the ratio best-benchmark/MC-SF
-(paper: about 3 at high demand, at least 8 at low demand; digest section 4.5). Figures 9-10 and
+(paper: about 3 at high demand, at least 8 at low demand; sections 7.1-7.2). Figures 9-10 and
 12-13 sweep alpha at beta = 0.1, 0.2 and beta at alpha = 0.1, 0.2 (:func:`param_sweeps`).
 
 Engine conventions (scenario defaults): token-level KV, ``prefill_emits_token = False``

@@ -1,8 +1,8 @@
-"""Seed 004 (Dexter et al., "LLM Query Scheduling with Prefix Reuse and Latency Constraints",
+"""Dexter et al. 2025 ("LLM Query Scheduling with Prefix Reuse and Latency Constraints",
 arXiv 2502.04677 v1) reproduction: the §4.2 toy example and P99 TTFT against request rate in the
-Definition 4 model (digest §4.2-4.3, §5.3, §6.7 E0 and E4).
+Definition 4 model (sections 4.1-4.2 and 5.2).
 
-Published results (digest §4.3, §5.3): toy at s = 0, FCFS TTFTs 10/20/30/40 (max 40) and LPM
+Published results (sections 4.2 and 5.2): toy at s = 0, FCFS TTFTs 10/20/30/40 (max 40) and LPM
 10/15/25/30 (max 30); at s = 10 FCFS gives TTFT 10 each. Figure 2 has no numbers in the text; its
 claim is the ordering "k = 2 has lower P99 TTFT than FCFS and LPM over a wide range of rates".
 
@@ -128,7 +128,7 @@ def run(quick: bool = False) -> PaperReport:
     plots = [Plot("p99_ttft_vs_rate", "Definition 4 model: P99 TTFT vs arrival rate", "queries per unit time (1/s)",
                   "P99 TTFT (prefill-token units)", {k: (rates, v) for k, v in p99.items()}, logy=True)] if p99 else []
     return PaperReport(
-        "klpm", "Seed 004, k-LPM (Dexter et al.)", rows, plots,
+        "klpm", "k-LPM (Dexter et al. 2025)", rows, plots,
         notes=["Fig. 2 is absent from the seed text: only its orderings are checked.",
                "The rate sweep uses Definition 4 (regular arrivals in shuffled order) with a last-prompt cache "
                "instead of the SGLang/8xA100 experiment, whose timing and prompt split the paper does not give.",

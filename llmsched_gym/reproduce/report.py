@@ -5,7 +5,7 @@ plots, written by :func:`write_report` to ``runs/reproduce/PAPER/report.md``. Ve
 of ``reproduced``, ``not reproduced`` or ``not comparable: <reason>``.
 
 :func:`add_reference_metrics` adds optimality references to a run's summary: ``ratio_to_fluid``
-(seed 003's fluid bound, for typed workloads) and, for small round-mode instances, ``opt_tel``,
+(Ao et al. 2025's fluid bound, for typed workloads) and, for small round-mode instances, ``opt_tel``,
 ``regret`` and ``ratio_to_opt`` against :func:`llmsched_gym.optimum.solve_optimum`.
 """
 
@@ -138,12 +138,12 @@ def write_report(report: PaperReport, out_dir: str | Path, elapsed_s: float, qui
 
 
 # ----------------------------------------------------------------------------------------------
-# Reference metrics: fluid bound (seed 003) and hindsight optimum (seed 000)
+# Reference metrics: fluid bound (Ao et al. 2025) and hindsight optimum (Jaillet et al. 2025)
 # ----------------------------------------------------------------------------------------------
 
 
 def fitted_d0_d1(latency: Any) -> tuple[float, float]:
-    """``(d0, d1)`` of seed 003's Eq. 1 for a batch-time model: exact for ``linear``, otherwise a
+    """``(d0, d1)`` of Ao et al. 2025's Eq. 1 for a batch-time model: exact for ``linear``, otherwise a
     least-squares fit of decode-only iterations (1..256 requests, 16..2048 KV tokens each)."""
     if hasattr(latency, "d0") and hasattr(latency, "d1"):
         return float(latency.d0), float(latency.d1)
@@ -192,13 +192,13 @@ def paper_tel(summary: dict[str, Any]) -> float:
 
 def add_reference_metrics(summary: dict[str, Any], scenario_spec: dict[str, Any],
                           method: str = "auto") -> dict[str, Any]:
-    """Add ``ratio_to_fluid`` (and ``fluid_throughput_star``) for seed 003 typed workloads, and
+    """Add ``ratio_to_fluid`` (and ``fluid_throughput_star``) for Ao et al. 2025's typed workloads, and
     ``opt_tel`` / ``regret`` / ``ratio_to_opt`` for round-mode runs small enough for
     :func:`~llmsched_gym.optimum.solve_optimum` (every request completed). Returns ``summary``.
 
     The fluid bound uses the scenario's types and KV capacity and ``(d0, d1)`` from
-    :func:`fitted_d0_d1`; for overloaded configurations the capacity-aware value (digest §2.6,
-    non-paper) is added as ``ratio_to_fluid_capacity_aware``.
+    :func:`fitted_d0_d1`; for overloaded configurations the capacity-aware value (our
+    derivation, not in the paper) is added as ``ratio_to_fluid_capacity_aware``.
     """
     from llmsched_gym.core.scenarios import build_scenario
     from llmsched_gym.fluid import fluid_bound

@@ -1,9 +1,9 @@
-"""Seed 002 (Sheng et al., "Fairness in Serving Large Language Models", VTC) reproduction: the
-Table 2 analogue on the 27-client arena trace (``vtc-arena``; digest §4.4-4.5), linear cost
+"""Sheng et al. 2024 ("Fairness in Serving Large Language Models", VTC) reproduction: the
+Table 2 analogue on the 27-client arena trace (``vtc-arena``; section 5.3), linear cost
 ``w_p = 1, w_q = 2``, per-tick Max/Avg/Var service difference and (in + out) throughput from
 :mod:`llmsched_gym.core.fairness`, with the paper's table beside it.
 
-Departure: the batch-time model is the seed 002 affine fit in our engine, not S-LoRA on an A10G,
+Departure: the batch-time model is the affine fit to Sheng et al.'s A10G profile in our engine, not S-LoRA on an A10G,
 so absolute throughputs and differences are compared as orderings (VTC fairer than FCFS/LCF at
 equal throughput; RPM(5) fairest but much slower), not as numbers. FCFS is the paper's: FCFS order
 on the same admission loop as VTC (``rpm`` with no limit), not the preempting ``fcfs`` policy.
@@ -205,7 +205,7 @@ def run(quick: bool = False) -> PaperReport:
         rows += synthetic_rows(table, what, rates, cost, paper_rows)
     plots = [Plot("accumulated_gap", "Max - min accumulated client service (linear cost)", "time (s)",
                   "service gap (cost units)", curves)] if curves else []
-    return PaperReport("vtc", "Seed 002, VTC (Sheng et al.)", rows, plots,
+    return PaperReport("vtc", "VTC (Sheng et al. 2024)", rows, plots,
                        notes=["The vtc-arena trace is small (1,500 requests) and the overload workloads are 6 "
                               "minutes of arrivals, so quick and full runs are identical.",
                               "Diff values: the artifact's per-tick definition (llmsched_gym.core.fairness), in the "

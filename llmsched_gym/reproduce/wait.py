@@ -1,6 +1,6 @@
-"""Seed 003 (Ao, Luo, Simchi-Levi, Wang, "Optimizing LLM Inference: Fluid-Guided Online Scheduling
+"""Ao, Luo, Simchi-Levi and Wang 2025 ("Optimizing LLM Inference: Fluid-Guided Online Scheduling
 with Memory Constraints") reproduction: Example 2's FCFS loss and the throughput of WAIT / Nested
-WAIT against vLLM and Sarathi with the ratio to the fluid bound (digest §5.2-5.5, §6.7-6.8).
+WAIT against vLLM and Sarathi with the ratio to the fluid bound (sections 3.2 and 6).
 
 The text gives no per-algorithm numbers (figures missing), so the rows are the Example 2 range
 (12-25% FCFS loss at C = M* = 12, replayed deterministically from the paper's start; a Poisson
@@ -34,10 +34,10 @@ from llmsched_gym.reproduce.report import (
 from llmsched_gym.sim import SimResult, simulate
 
 EXAMPLE2_LATENCY: dict[str, Any] = {"type": "linear", "d0": 0.4, "d1": 0.05}
-"""toy_example2's Eq. 1 coefficients (digest §6.7): DeltaT* = 1, so one iteration is one time unit."""
+"""toy_example2's Eq. 1 coefficients (the authors' companion code): DeltaT* = 1, so one iteration is one time unit."""
 
 EXAMPLE2_POLICY = "fcfs-greedy-lifo"
-"""Digest §3.1's FCFS: everything admitted at once, LIFO eviction restarting the evicted."""
+"""Ao et al. 2025's FCFS (section 4.1, Example 2): everything admitted at once, LIFO eviction restarting the evicted."""
 
 
 def example2(workload: dict[str, Any], horizon_s: float | None = None) -> dict[str, Any]:
@@ -196,10 +196,10 @@ def run(quick: bool = False) -> PaperReport:
                             "; ".join(lat_txt), ordering_verdict(lat_ok)))
         else:  # the paper: latency "remains within acceptable limits", no ordering claimed
             rows[-1].ours += "; mean E2E " + "; ".join(lat_txt)
-    return PaperReport("wait", "Seed 003, WAIT / Nested WAIT (Ao et al.)", rows,
-                       notes=["No per-algorithm numbers are in the text; orderings only (digest §5.5).",
+    return PaperReport("wait", "WAIT / Nested WAIT (Ao et al. 2025)", rows,
+                       notes=["No per-algorithm numbers are in the text; orderings only (section 6).",
                               "ratio_to_fluid = measured output tokens/s / Throughput* (Prop. 2); the capacity-aware "
-                              "value (digest §2.6) is not from the paper.",
+                              "value (our derivation) is not from the paper.",
                               f"Requests per run: {n or 'scenario default (clustered: 8,000)'}; seeds {seeds} "
                               "(throughput and latency are seed means); batch-size limits B = "
                               f"{', '.join(map(str, limits))}, shared by all algorithms (WAIT with the section 6.1 "
@@ -209,7 +209,7 @@ def run(quick: bool = False) -> PaperReport:
                               "requests at thousands of req/s arrive within seconds), so ratio_to_fluid is low "
                               "even where C/M* > 1: the fluid bound ignores the batch-size limit, which caps "
                               "every algorithm at about B tokens per iteration.",
-                              "C/M* is the fluid memory slack (digest §6.8): below 1 the configuration is memory-"
+                              "C/M* is the fluid memory slack (section 3.2): below 1 the configuration is memory-"
                               "overloaded and Throughput* is out of reach (Remark 1)."],
                        config="Example 2 toy; wait-high (and its low-demand types); nested-synth4; clustered "
                        "10-type at QPS 55 and 550")

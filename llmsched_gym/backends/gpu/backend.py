@@ -82,7 +82,7 @@ class GPULatency(LatencyModel):
 
 class AffineLatency(LatencyModel):
     """``t = c0 + c_prefill * prefill_tokens + c_decode * n_decode + c_ctx * decode_ctx_tokens``,
-    the form :func:`calibrate` fits (seed 002's and Vidur's style of linear batch model)."""
+    the form :func:`calibrate` fits (Sheng et al. 2024's and Vidur's style of linear batch model)."""
 
     name = "affine"
     FEATURES = ("intercept_s", "per_prefill_token_s", "per_decode_seq_s", "per_decode_ctx_token_s")

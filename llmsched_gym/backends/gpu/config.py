@@ -1,6 +1,6 @@
 """Llama-architecture model shapes for the real-GPU executor (no weights, no tokenizer).
 
-Shapes follow /work/shared/design/WORKLOADS.md and the models' published configs. ``tiny`` is a
+Shapes follow the models' published configs (Hugging Face ``config.json``). ``tiny`` is a
 toy shape for CPU tests.
 """
 
