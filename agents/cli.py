@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from llmsched_gym.parallel import add_arguments as add_parallel_arguments
+
 
 def _sets(items: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     from llmsched_gym.cli import _parse_sets, _split_policy_sets
@@ -74,6 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str) -> int:
     from agents.evaluate import compare
     from agents.report import parse_seeds
+    from llmsched_gym.parallel import settings_from
 
     overrides, policy_params = _sets(args.set)
     scenario = args.scenario
@@ -87,7 +90,8 @@ def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str
         scenario = metas[0]["scenario"]
     out = args.out or str(Path(default_out) / (Path(models[0]).name if models else scenario))
     compare(scenario, parse_seeds(args.seeds), _loads(args.loads), _policies(args.policies), models, overrides,
-            policy_params, out, plots=not args.no_plots, best=getattr(args, "best", False), quiet=args.quiet)
+            policy_params, out, plots=not args.no_plots, best=getattr(args, "best", False), quiet=args.quiet,
+            settings=settings_from(args))
     return 0
 
 
@@ -108,6 +112,7 @@ def _common_eval(sp: argparse.ArgumentParser, seeds: str, policies: str | None) 
     sp.add_argument("--out", default=None, help="report folder")
     sp.add_argument("--no-plots", action="store_true")
     sp.add_argument("--quiet", action="store_true")
+    add_parallel_arguments(sp)
 
 
 def add_subcommands(sub: Any) -> None:

@@ -14,7 +14,7 @@ semantics match the baselines'.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,36 +28,51 @@ from agents.report import (
     scenario_spec,
     write_report,
 )
+from llmsched_gym.parallel import Cell, Settings, run_cells
+
+_LOADED: dict[tuple, Agent] = {}
+"""Agents loaded in this process, by (path, best, model files' mtimes): a worker loads each once."""
 
 
-def run_agent(agent: Agent, scenario: str, seeds: list[int], loads: list[float], overrides: dict[str, Any] | None,
-              progress: Callable[[str], None] | None = None) -> list[RunRecord]:
-    """The agent on every (load, seed), deterministic actions with masks."""
+def _model_stamp(path: str, best: bool) -> tuple:
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(p.glob("*.zip")) + sorted(p.glob("*.pkl"))
+    return (str(path), best, tuple(f.stat().st_mtime_ns for f in files))
+
+
+def agent_cell(args: tuple) -> RunRecord:
+    """One sweep cell: ``(stamp, name, scenario, overrides, load, seed)`` -> the agent's record on
+    that workload (deterministic actions with masks)."""
+    import torch
+
+    stamp, name, scenario, overrides, load, seed = args
+    # one observation at a time: extra threads only add synchronisation (badly so on a busy machine)
+    torch.set_num_threads(1)
+    if stamp not in _LOADED:
+        _LOADED[stamp] = load_agent(stamp[0], best=stamp[1])
+    agent = _LOADED[stamp]
     env_kwargs = {k: v for k, v in agent.env_kwargs.items() if k not in ("overrides", "n_requests", "horizon_s")}
-    records = []
-    for load in loads:
-        env = make_env(scenario_spec(scenario, overrides, load), env_kwargs)
-        t0 = time.perf_counter()
-        for seed in seeds:
-            summary, requests, iterations = run_episode(agent, env, seed)
-            summary["policy"] = agent.name
-            records.append(record_from_result(agent.name, seed, load, summary, requests, iterations))
+    env = make_env(scenario_spec(scenario, overrides, load), env_kwargs)
+    try:
+        summary, requests, iterations = run_episode(agent, env, seed)
+    finally:
         env.close()
-        if progress:
-            progress(f"{agent.name} x{len(seeds)} seeds at load {load:g} ({time.perf_counter() - t0:.1f}s)")
-    return records
+    summary["policy"] = name
+    return record_from_result(name, seed, load, summary, requests, iterations)
 
 
 def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[str], models: list[str],
             overrides: dict[str, Any] | None, policy_params: dict[str, Any] | None, out: str | Path,
-            plots: bool = True, best: bool = False, quiet: bool = False) -> dict[str, Any]:
-    """Run baselines ``policies`` and the agents in ``models`` and write the report into ``out``."""
-    import torch
+            plots: bool = True, best: bool = False, quiet: bool = False,
+            settings: Settings | None = None) -> dict[str, Any]:
+    """Run baselines ``policies`` and the agents in ``models`` and write the report into ``out``.
 
-    # one observation at a time: extra threads only add synchronisation (badly so on a busy machine)
-    torch.set_num_threads(1)
-    say = None if quiet else (lambda m: print(f"  {m}", flush=True))
+    Every (agent or baseline, load, seed) is one cell of a sweep run with ``settings`` (jobs,
+    backend; :mod:`llmsched_gym.parallel`); the records are in the serial order whatever the
+    settings. An agent with a failing cell is skipped, with the cell named.
+    """
     t0 = time.perf_counter()
+    settings = replace(settings or Settings(), progress=not quiet)
     agents = [load_agent(m, best=best) for m in models]
     names = [a.name for a in agents]
     if len(set(names)) != len(names):  # same algorithm, start and length: tell them apart by folder
@@ -66,11 +81,19 @@ def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[
         names = [a.name for a in agents]
     if len(set(names)) != len(names):
         raise ValueError(f"model: two agents share a name ({names}); give their run folders distinct names")
-    records: list[RunRecord] = []
-    for agent in agents:
-        records += run_agent(agent, scenario, seeds, loads, overrides, say)
-    base, skipped = run_baselines(scenario, policies, seeds, loads, overrides, policy_params, say)
+    stamps = [_model_stamp(str(m), best) for m in models]
+    _LOADED.update(zip(stamps, agents, strict=True))  # the serial path plays the agents loaded here
+    cells = [Cell(f"{a.name} seed {seed} load {load:g}", (stamp, a.name, scenario, overrides, load, seed))
+             for a, stamp in zip(agents, stamps, strict=True) for load in loads for seed in seeds]
+    outcomes = run_cells(cells, agent_cell, settings, label="agents")
+    skipped: dict[str, str] = {}
+    for cell, o in zip(cells, outcomes, strict=True):
+        if not o.ok:
+            skipped.setdefault(cell.args[1], f"{o.error} (cell {cell.name})")
+    records = [o.value for c, o in zip(cells, outcomes, strict=True) if o.ok and c.args[1] not in skipped]
+    base, base_skipped = run_baselines(scenario, policies, seeds, loads, overrides, policy_params, settings)
     records += base
+    skipped.update(base_skipped)
     meta = {"scenario": scenario, "seeds": seeds, "loads": loads, "overrides": overrides or {},
             "policy_params": policy_params or {}, "models": [str(m) for m in models],
             "agent_env_kwargs": {a.name: a.env_kwargs for a in agents}}

@@ -11,6 +11,7 @@ numbers of a baseline here equal ``llmsched run --policy P --seed S`` for the sa
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from llmsched_gym.parallel import Cell, Settings, run_cells
 
 # (key, label, getter, lower is better)
 METRICS: list[tuple[str, str, Callable[[dict], float], bool]] = [
@@ -76,7 +79,8 @@ def scenario_spec(scenario: str | dict, overrides: dict[str, Any] | None = None,
     """The scenario dict with ``overrides`` applied and the arrival rate scaled by ``load``."""
     from llmsched_gym.core.scenarios import get_scenario
 
-    spec = get_scenario(scenario, overrides) if isinstance(scenario, str) else scenario
+    # a copy: the load scaling below must not compound over the cells of a sweep
+    spec = get_scenario(scenario, overrides) if isinstance(scenario, str) else copy.deepcopy(scenario)
     if load != 1.0:
         arrival = spec.get("workload", {}).get("arrival")
         key = next((k for k in ("rate", "mean_rate") if isinstance(arrival, dict) and k in arrival), None)
@@ -122,29 +126,28 @@ def params_for(name: str, policy_params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in policy_params.items() if k in accepted}
 
 
+def baseline_cell(args: tuple) -> RunRecord:
+    """One sweep cell: ``(scenario, name, seed, load, overrides, policy_params)`` -> its record."""
+    scenario, name, seed, load, overrides, params = args
+    return run_baseline(scenario_spec(scenario, overrides, load), name, seed, load, params)
+
+
 def run_baselines(scenario: str | dict, names: Iterable[str], seeds: list[int], loads: list[float],
                   overrides: dict[str, Any] | None = None, policy_params: dict[str, Any] | None = None,
-                  progress: Callable[[str], None] | None = None) -> tuple[list[RunRecord], dict[str, str]]:
-    """Every baseline in ``names`` on every (load, seed); a baseline that refuses the scenario
-    (a PolicyError, or any error of a policy that cannot run it) is skipped with its reason."""
-    records: list[RunRecord] = []
+                  settings: Settings | None = None) -> tuple[list[RunRecord], dict[str, str]]:
+    """Every baseline in ``names`` on every (load, seed), one sweep cell each (``settings``: jobs,
+    backend, progress bar; see :mod:`llmsched_gym.parallel`). A baseline that refuses the scenario
+    (a PolicyError, or any error of a policy that cannot run it) is skipped with its reason, the
+    first failing cell's error; the records keep the serial order (load, name, seed)."""
+    cells = [Cell(f"{name} seed {seed} load {load:g}",
+                  (scenario, name, seed, load, overrides, params_for(name, policy_params or {})))
+             for load in loads for name in names for seed in seeds]
+    outcomes = run_cells(cells, baseline_cell, settings, label="baselines")
     skipped: dict[str, str] = {}
-    for load in loads:
-        for name in names:
-            if name in skipped:
-                continue
-            for seed in seeds:
-                spec = scenario_spec(scenario, overrides, load)
-                try:
-                    records.append(run_baseline(spec, name, seed, load, params_for(name, policy_params or {})))
-                except Exception as e:  # noqa: BLE001 (a baseline that cannot run here is reported, not fatal)
-                    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                    skipped[name] = f"{type(e).__name__}: {msg}"
-                    records = [r for r in records if r.policy != name]
-                    break
-            if progress and name not in skipped:
-                progress(f"{name} x{len(seeds)} seeds at load {load:g}")
-    return records, skipped
+    for cell, o in zip(cells, outcomes, strict=True):
+        if not o.ok:
+            skipped.setdefault(cell.args[1], o.error or "")
+    return [o.value for c, o in zip(cells, outcomes, strict=True) if o.ok and c.args[1] not in skipped], skipped
 
 
 def mean_ci(x: Iterable[float]) -> tuple[float, float, int]:

@@ -18,3 +18,13 @@ def traces_dir() -> Path:
     if not TRACES.is_dir():
         pytest.skip("../shared/traces is absent")
     return TRACES
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance (2 CPUs) for every Ray test of the session: starting Ray costs seconds.
+    Skipped when the ray extra is not installed."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
