@@ -438,7 +438,10 @@ def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any]
                     m, h, n = per[k]["mean"], per[k]["ci95"], per[k]["n"]
                     w.writerow([f"{load:g}", pol, k, m, m - h, m + h, n])
     pngs = write_plots(records, out, agents) if plots else []
-    md = [f"# {meta.get('scenario', '')}: policies on identical seeded workloads", "",
+    from llmsched_gym.data import synthetic_note
+
+    tag = synthetic_note(records[0].summary.get("workload_source")) if records else ""
+    md = [f"# {meta.get('scenario', '')}{tag}: policies on identical seeded workloads", "",
           f"seeds {meta.get('seeds')}, loads {meta.get('loads')}, overrides `{meta.get('overrides') or {}}`; "
           "mean ± 95% CI half-width (t-distribution over seeds); best mean per column in bold.", ""]
     lines = agent_vs_best(agg, agents)

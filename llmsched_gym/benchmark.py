@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.core.scenarios import build_scenario, get_scenario
+from llmsched_gym.data import synthetic_note
+
 TRAIN_SEEDS = (1000, 1999)
 """Training workloads: seeds 1000 to 1999 (inclusive); never used for scoring."""
 VALIDATION_SEED = 99
@@ -250,6 +253,9 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
         for path in agents or []:
             entries.append(run_agent_dir(task, path, seeds, overrides, best_model))
         results["tasks"][name] = score_task(task, entries)
+        # a trace task on a clone without the trace runs its synthetic stand-in: the leaderboard says so
+        results["tasks"][name]["workload_source"] = build_scenario(get_scenario(task.scenario, overrides),
+                                                                   seeds[0])[0].meta.get("workload_source")
         if progress:
             r = results["tasks"][name]
             progress(f"{name}: best baseline {r['best_baseline']} {r['best_baseline_mean']:.4g}, "
@@ -274,7 +280,8 @@ def leaderboard(results: dict[str, Any]) -> str:
     for name, r in results["tasks"].items():
         t = r["task"]
         note = [f"Note: {notes[name]}.", ""] if name in notes else []
-        lines += [f"## {name} ({t['label']}, {'lower' if t['lower_is_better'] else 'higher'} is better)", "",
+        tag = synthetic_note(r.get("workload_source"))
+        lines += [f"## {name}{tag} ({t['label']}, {'lower' if t['lower_is_better'] else 'higher'} is better)", "",
                   f"Best baseline: **{r['best_baseline']}** ({r['best_baseline_mean']:.4g}); best static tuning: "
                   f"**{r['best_static_tuning']}** ({r['best_static_tuning_mean']:.4g}); fcfs {r['fcfs_mean']:.4g}.", "",
                   *note, "| entrant | kind | mean ± 95% CI | std | paired vs best | normalised |", "|---|---|---|---|---|---|"]

@@ -44,7 +44,10 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{summary['policy']} on {summary['scenario']} (seed {summary['seed']})", show_header=True)
+    from llmsched_gym.data import synthetic_note
+
+    t = Table(title=f"{summary['policy']} on {summary['scenario']}{synthetic_note(summary.get('workload_source'))} "
+              f"(seed {summary['seed']})", show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [
@@ -212,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", action="store_true")
     sp.set_defaults(func=cmd_benchmark)
 
+    from llmsched_gym.data import add_subcommands as add_data
+
+    add_data(sub)
     for extra in ("agents.cli", "llmsched_gym.backends.gpu.cli", "llmsched_gym.reproduce.cli"):
         _maybe_add(sub, extra)
     return p

@@ -106,19 +106,6 @@ def test_synthetic_azure_conv_matches_the_table():
     _close(s["output"], AZURE_OUTPUT, rel=0.05)
 
 
-def test_missing_azure_trace_falls_back_to_synthetic(monkeypatch):
-    monkeypatch.setattr(T, "find_trace", lambda name: None)
-    wl = W.build_workload({"trace": {"format": "azure"}, "n_requests": 50}, 3)
-    assert wl.meta["source"] == "synthetic" and len(wl) == 50
-
-
-def test_find_trace_honours_the_env_var(tmp_path, monkeypatch):
-    _write(tmp_path, "mine.csv", "arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
-    monkeypatch.setenv("LLMSCHED_TRACES", str(tmp_path))
-    assert T.find_trace("mine.csv") == (tmp_path / "mine.csv").resolve()
-    assert T.find_trace("no-such-trace.csv") is None
-
-
 # --- generic formats ----------------------------------------------------------------------------
 
 

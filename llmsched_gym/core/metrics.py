@@ -110,6 +110,10 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         "scenario": scenario,
         "policy": policy,
         "seed": engine.seed,
+        # which requests ran: a real trace (with its file's sha256), a synthetic stand-in for a
+        # missing trace, or the scenario's own generator
+        "workload_source": wl.meta.get("workload_source",
+                                       {"kind": "generator", "name": scenario, "sha256": None}),
         "n_arrived": n_arrived,
         "n_completed": n_completed,
         "n_rejected": n_rejected,

@@ -21,8 +21,9 @@ Formats (``FORMATS``):
 * ``sharegpt``: a JSON list of ``{"conversations": [{"from": ..., "value": ...}, ...]}``; lengths
   only (see :func:`load_sharegpt`).
 
-Traces are data the repository does not ship: :func:`find_trace` locates them and
-:func:`synthetic_azure_conv` stands in for the Azure conversation trace when it is absent.
+Traces are data the repository does not ship: :func:`llmsched_gym.data.resolve_data` locates them
+(``llmsched data download`` fetches them) and :func:`synthetic_azure_conv` /
+:func:`synthetic_vtc_arena` stand in for the two known traces when they are absent.
 """
 
 from __future__ import annotations
@@ -49,22 +50,6 @@ GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "client", "pre
 
 class TraceError(ValueError):
     """A trace row is malformed; the message is ``file:line: field: what was expected, got what``."""
-
-
-def find_trace(name: str | os.PathLike) -> Path | None:
-    """Locate a trace file: ``name`` itself if it exists, else ``$LLMSCHED_TRACES/name``, else
-    ``../shared/traces/name`` relative to the repository root or to the current directory.
-    Returns ``None`` when it is nowhere."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    dirs = [Path(os.environ["LLMSCHED_TRACES"])] if os.environ.get("LLMSCHED_TRACES") else []
-    dirs += [Path(__file__).resolve().parents[2] / ".." / "shared" / "traces",
-             Path.cwd() / ".." / "shared" / "traces"]
-    for d in dirs:
-        if (d / path.name).is_file():
-            return (d / path.name).resolve()
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,10 +345,12 @@ _PARSED: dict[tuple, Workload] = {}
 def read_column(path: str | os.PathLike, column: str) -> np.ndarray:
     """One integer column of a CSV file (e.g. ``ContextTokens`` of the Azure trace) as an array,
     for :func:`~llmsched_gym.core.workload.empirical`. ``path`` is resolved with
-    :func:`find_trace`."""
-    found = find_trace(path)
+    :func:`llmsched_gym.data.resolve_data` (a path, or a known trace's name)."""
+    from llmsched_gym import data
+
+    found = data.resolve_data(path)
     if found is None:
-        raise TraceError(f"{path}: file not found (looked in ., $LLMSCHED_TRACES, ../shared/traces)")
+        raise TraceError(f"{path}: not found locally; `llmsched data download {path}` fetches it")
     header, t = _read_csv(found)
     if column not in header:
         raise TraceError(f"{found.name}:1: {column}: no such column (have: {', '.join(header)})")

@@ -69,10 +69,14 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     see :func:`predict`. Default: oracle.
 ``trace`` (mapping: ``format``, ``path``, ``on_zero``, ``time_scale``)
     Load requests from a file (``format``: ``azure``, ``vtc``, ``csv``, ``jsonl``, ``sharegpt``;
-    see :mod:`llmsched_gym.core.traces`). Without ``path`` the shipped file name is looked up with
-    :func:`~llmsched_gym.core.traces.find_trace`; a missing Azure trace falls back to
-    :func:`~llmsched_gym.core.traces.synthetic_azure_conv` (``meta["source"] == "synthetic"``), and
-    a missing VTC arena trace to :func:`~llmsched_gym.core.traces.synthetic_vtc_arena`.
+    see :mod:`llmsched_gym.core.traces`). ``path`` is a file, or a known trace's name
+    (``azure-conv``, ``vtc-arena``) looked up by :func:`llmsched_gym.data.resolve_data`: the
+    cache that ``llmsched data download`` fills, then ``../shared/traces``. Without ``path``
+    (the ``azure`` and ``vtc`` formats) a missing trace falls back to
+    :func:`~llmsched_gym.core.traces.synthetic_azure_conv` or
+    :func:`~llmsched_gym.core.traces.synthetic_vtc_arena`, with one line on stderr, and
+    ``meta["workload_source"]`` says which ran (``kind`` ``trace`` with the file's ``sha256``, or
+    ``synthetic``).
     An ``arrival`` replaces the trace's timestamps (required for ``sharegpt``); ``time_scale``
     multiplies them (0.5 doubles the rate). ``n_requests``/``horizon_s`` cut the trace: from its
     first row (``window: head``, the default) or from a seeded start row (``window: random``,
@@ -790,8 +794,9 @@ def build_workload(spec: dict, seed: int) -> Workload:
     n = None if n is None else int(_num(n, "n_requests", ge=0, integer=True))
     horizon_s = None if horizon_s is None else _num(horizon_s, "horizon_s", gt=0)
 
+    source = None
     if "trace" in spec:
-        wl = _from_trace(b, spec, n, horizon_s)
+        wl, source = _from_trace(b, spec, n, horizon_s)
     elif "clients" in spec:
         wl = _clients(b, spec, n, horizon_s)
     else:
@@ -814,6 +819,8 @@ def build_workload(spec: dict, seed: int) -> Workload:
         with _field("predictor"):
             wl = wl.with_(predicted_output=predict(wl, kind, b.rng("predictor"), **p))
     wl.meta = {**wl.meta, "seed": b.seed}
+    if source is not None:
+        wl.meta["workload_source"] = source
     return wl
 
 
@@ -841,7 +848,9 @@ def _clients(b: _Builder, spec: dict, n: int | None, horizon_s: float | None) ->
     return _cut_workload(wl, n, horizon_s)
 
 
-def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None) -> Workload:
+def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None) -> tuple[Workload, dict]:
+    """The trace's workload and its ``workload_source`` (real file and its sha256, or synthetic)."""
+    from llmsched_gym import data
     from llmsched_gym.core import traces  # traces builds on this module
 
     for key in ("clients", "types", "prompt", "output", "prefix"):
@@ -860,11 +869,20 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
     path = t.get("path") or traces.DEFAULT_FILES.get(fmt)
     if path is None:
         raise WorkloadError(f"trace.path: required for format {fmt!r}")
-    found = traces.find_trace(path)
-    if found is None and fmt in traces.SYNTHETIC and "path" not in t:
+    try:
+        found = data.resolve_data(path)
+    except data.DataError as e:
+        raise WorkloadError(f"trace.path: {e}") from None
+    ds = data.known(str(path))
+    if found is None:  # a known trace (resolve_data raised for anything else) that is nowhere local
+        if fmt not in traces.SYNTHETIC or "path" in t:
+            raise WorkloadError(f"trace.path: {path!r} not found; `llmsched data download {ds.name}` fetches it")
+        data.notify_fallback(ds.name)
+        source = {"kind": "synthetic", "name": ds.name, "sha256": None}
+    else:
+        source = {"kind": "trace", "name": ds.name if ds else str(found), "sha256": data.sha256_of(found)}
+    if found is None:
         wl = traces.SYNTHETIC[fmt](b.seed)
-    elif found is None:
-        raise WorkloadError(f"trace.path: {path!r} not found (looked in ., $LLMSCHED_TRACES, ../shared/traces)")
     elif fmt == "sharegpt":
         if "arrival" not in spec:
             raise WorkloadError("arrival: required with trace format 'sharegpt' (ShareGPT has no timestamps)")
@@ -881,7 +899,7 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
         wl = wl.with_(arrival_s=wl.arrival_s * _num(t["time_scale"], "trace.time_scale", gt=0))
     if window == "random":
         wl = _random_window(wl, n, horizon_s, b.rng("trace.window"))
-    return _cut_workload(wl, n, horizon_s)
+    return _cut_workload(wl, n, horizon_s), source
 
 
 def _random_window(wl: Workload, n: int | None, horizon_s: float | None, rng: np.random.Generator) -> Workload:

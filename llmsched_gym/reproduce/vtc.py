@@ -205,7 +205,10 @@ def run(quick: bool = False) -> PaperReport:
         rows += synthetic_rows(table, what, rates, cost, paper_rows)
     plots = [Plot("accumulated_gap", "Max - min accumulated client service (linear cost)", "time (s)",
                   "service gap (cost units)", curves)] if curves else []
-    return PaperReport("vtc", "VTC (Sheng et al. 2024)", rows, plots,
+    from llmsched_gym.data import synthetic_note
+
+    tag = next((synthetic_note(r.summary.get("workload_source")) for r in runs.values()), "")
+    return PaperReport("vtc", f"VTC (Sheng et al. 2024){tag}", rows, plots,
                        notes=["The vtc-arena trace is small (1,500 requests) and the overload workloads are 6 "
                               "minutes of arrivals, so quick and full runs are identical.",
                               "Diff values: the artifact's per-tick definition (llmsched_gym.core.fairness), in the "

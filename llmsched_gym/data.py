@@ -1,0 +1,342 @@
+"""Public data the simulator can use but the repository does not ship: real traces and GPU profiles.
+
+``llmsched data list`` shows the known files (source, licence, citation, size, sha256, and where
+each one is found locally); ``llmsched data download NAME|all`` fetches them from their
+publishers into a user cache, checks the sha256 and resumes an interrupted download (HTTP
+``Range``); ``llmsched data path NAME`` prints where a file is read from.
+
+The cache is ``$LLMSCHED_DATA`` if set, else the platform's cache folder: ``~/.cache/llmsched-gym``
+(or ``$XDG_CACHE_HOME/llmsched-gym``) on Linux, ``~/Library/Caches/llmsched-gym`` on macOS,
+``%LOCALAPPDATA%\\llmsched-gym\\Cache`` on Windows.
+
+Lookup (:func:`resolve_data`), first hit wins:
+
+1. an explicit path (absolute, relative, or a file in the current directory);
+2. for a bare file name: ``$LLMSCHED_TRACES/NAME``;
+3. for a known name (``azure-conv``, its file name ``AzureLLMInferenceTrace_conv.csv``,
+   ``vidur:a100/llama-2-7b``, ...): the cache, then ``../shared/`` next to the repository (this
+   project's development layout).
+
+A path with a folder that does not exist is an error; a known name found nowhere gives ``None``,
+and the scenarios then run on a synthetic stand-in and say so (one line on stderr, and
+``workload_source`` in the summary).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """A data name, path or download failed; the message is one line naming what and why."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One known file.
+
+    :ivar name: the name ``llmsched data`` and scenarios use (``azure-conv``).
+    :ivar relpath: where it lives inside the cache (and inside ``../shared/``).
+    :ivar url: the publisher's public URL, or ``None`` when there is no file to download.
+    :ivar sha256: checksum of the expected file.
+    :ivar size: size in bytes.
+    :ivar description: what it is and who publishes it.
+    :ivar licence: the publisher's licence.
+    :ivar citation: what to cite when you use it.
+    :ivar howto: for files without a URL, how to get one.
+    """
+
+    name: str
+    relpath: str
+    url: str | None
+    sha256: str
+    size: int
+    description: str
+    licence: str
+    citation: str
+    howto: str = ""
+
+    @property
+    def filename(self) -> str:
+        return Path(self.relpath).name
+
+
+_AZURE_URL = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/AzureLLMInferenceTrace_conv.csv"
+_VIDUR_URL = "https://raw.githubusercontent.com/microsoft/vidur/7d47513/data/profiling/compute/"
+_VIDUR = (  # name suffix, folder under data/profiling/compute/, sha256, size (Vidur commit 7d47513)
+    ("a100/llama-2-7b", "a100/meta-llama/Llama-2-7b-hf",
+     "2cfacca979f32e83257753cf6fd815a71af8ba9a7a9d0643b18d9f54e8a37688", 706_614),
+    ("a100/llama-2-70b", "a100/meta-llama/Llama-2-70b-hf",
+     "d690ce601f94ab80586e1d5a6a92ea0d64114dc3e0895bf32b3bee270f3d9b7f", 688_286),
+    ("a100/llama-3-8b", "a100/meta-llama/Meta-Llama-3-8B",
+     "98c26488298e324e89db7349e213f75c856ae83dc6b17548a68636d2cb5efff0", 1_204_856),
+    ("h100/llama-2-7b", "h100/meta-llama/Llama-2-7b-hf",
+     "b1a2def08857d10e5f66c3b5b2d046b6e8caed5c30b2bc920a0462598e3b2a59", 715_469),
+    ("h100/llama-2-70b", "h100/meta-llama/Llama-2-70b-hf",
+     "fb3581ade7c02caab8a0f7d1ca1ad06a7b0fbac3d9f32a9ed46ae55d95fd6bb3", 691_493),
+    ("a40/llama-2-7b", "a40/meta-llama/Llama-2-7b-hf",
+     "f8d0f455d0b72b7975be0ed8e1951dcbf2eabc083001b27f6ef8203c0a96962c", 689_225),
+)
+
+DATASETS: dict[str, Dataset] = {
+    "azure-conv": Dataset(
+        "azure-conv", "traces/AzureLLMInferenceTrace_conv.csv", _AZURE_URL,
+        "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8", 719_188,
+        "Azure LLM inference trace 2023, conversation service: 19,366 requests over about 1 h "
+        "(github.com/Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_conv.csv)",
+        "CC-BY-4.0",
+        "Patel et al. 2024, \"Splitwise: Efficient generative LLM inference using phase splitting\", ISCA 2024"),
+    "vtc-arena": Dataset(
+        "vtc-arena", "traces/vtc_arena_real_trace.csv", None,
+        "e1bdf401d85997a3167af7512359d177d71f0e276c27b3a4a2fac6fcb3afe67d", 31_511,
+        "The 27-client Chatbot Arena trace of the VTC paper: 1,500 requests over 600 s, recovered from "
+        "the per-request results in github.com/Ying1123/VTC-artifact (fair_bench)",
+        "Apache-2.0 (the artifact)",
+        "Sheng et al. 2024, \"Fairness in Serving Large Language Models\", OSDI 2024",
+        howto="the publisher ships it only inside a Python pickle (fair_bench/real_trace.pkl), which this "
+              "command never loads; with a copy of the CSV, `llmsched data download vtc-arena --url "
+              "file:///PATH/vtc_arena_real_trace.csv` checks it and puts it in the cache"),
+    **{f"vidur:{short}": Dataset(
+        f"vidur:{short}", f"profiles/vidur/{folder}/mlp.csv", f"{_VIDUR_URL}{folder}/mlp.csv", sha, size,
+        f"Vidur's measured per-layer operator timings (non-attention) for {folder.split('/')[-1]} on "
+        f"{folder.split('/')[0].upper()} (github.com/microsoft/vidur, data/profiling/compute)",
+        "MIT (Microsoft Corporation)",
+        "Agrawal et al. 2024, \"Vidur: A Large-Scale Simulation Framework for LLM Inference\", MLSys 2024")
+       for short, folder, sha, size in _VIDUR},
+}
+"""The known files, by name."""
+
+
+def data_dir() -> Path:
+    """The user cache: ``$LLMSCHED_DATA``, else the platform cache folder (see the module docstring)."""
+    if os.environ.get("LLMSCHED_DATA"):
+        return Path(os.environ["LLMSCHED_DATA"]).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+        return base / "llmsched-gym" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "llmsched-gym"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llmsched-gym"
+
+
+def shared_roots() -> list[Path]:
+    """``../shared`` next to the repository checkout and next to the current directory: where this
+    project's development copies live. Tests replace this function to simulate a plain clone."""
+    return [Path(__file__).resolve().parents[1].parent / "shared", Path.cwd().parent / "shared"]
+
+
+def known(name: str) -> Dataset | None:
+    """The dataset called ``name``, or whose file name is ``name`` (the Vidur profiles share one
+    file name, so they are known by name only); ``None`` otherwise."""
+    if name in DATASETS:
+        return DATASETS[name]
+    hits = [d for d in DATASETS.values() if d.filename == name]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _get(name: str) -> Dataset:
+    ds = known(name)
+    if ds is None:
+        raise DataError(f"data: unknown name {name!r} (allowed: {', '.join(DATASETS)})")
+    return ds
+
+
+def locate(ds: Dataset) -> tuple[Path, str] | None:
+    """Where a known file is found locally, and which place that is (``cache`` or ``shared``)."""
+    for where, path in [("cache", data_dir() / ds.relpath)] + [("shared", r / ds.relpath) for r in shared_roots()]:
+        if path.is_file():
+            return path.resolve(), where
+    return None
+
+
+def resolve_data(name: str | os.PathLike) -> Path | None:
+    """The local file for ``name``: an explicit path, ``$LLMSCHED_TRACES/NAME`` for a bare name, then
+    for a known name (``azure-conv``, ``AzureLLMInferenceTrace_conv.csv``, ``vidur:a100/llama-2-7b``)
+    the cache and ``../shared``.
+
+    :returns: the path, or ``None`` when ``name`` is known but not present anywhere (the caller
+        decides whether a synthetic stand-in applies).
+    :raises DataError: when ``name`` is neither an existing path nor a known name (one line).
+    """
+    text = os.fspath(name)
+    ds = DATASETS.get(text)
+    if ds is None:
+        path = Path(text).expanduser()
+        if path.is_file():
+            return path
+        bare = path.name == text
+        if bare and os.environ.get("LLMSCHED_TRACES"):
+            candidate = Path(os.environ["LLMSCHED_TRACES"]) / text
+            if candidate.is_file():
+                return candidate
+        ds = known(text) if bare else None
+        if ds is None:
+            raise DataError(f"{text}: no such file")
+    found = locate(ds)
+    return None if found is None else found[0]
+
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The file's sha256 (hex), remembered per (path, size, mtime) so repeated runs hash it once."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        _HASHES[key] = _hash(p)
+    return _HASHES[key]
+
+
+def _hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(name: str, *, url: str | None = None, progress: Callable[[str], None] | None = None,
+             timeout_s: float = 60.0) -> Path:
+    """Fetch ``name`` into the cache, verified against its sha256, and return its path.
+
+    A file already in the cache with the right checksum is not fetched again. The bytes go to
+    ``FILE.part`` first; an interrupted download keeps it and the next call asks the server for
+    the rest (``Range: bytes=N-``; a server that ignores it sends the whole file, which is fine).
+    The file appears under its name only once its sha256 matches.
+
+    :param url: fetch from here instead of the publisher (a mirror, or ``file:///...``).
+    :raises DataError: unknown name, no URL, network failure (the partial file is kept), or a
+        checksum mismatch (the partial file is deleted: it cannot be resumed into the right file).
+    """
+    ds = _get(name)
+    say = progress or (lambda _m: None)
+    src = url or ds.url
+    if src is None:
+        raise DataError(f"{ds.name}: no public file to download: {ds.howto}")
+    target = data_dir() / ds.relpath
+    if target.is_file() and _hash(target) == ds.sha256:
+        say(f"{ds.name}: already in the cache ({target})")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    have = part.stat().st_size if part.is_file() else 0
+    if have < ds.size:
+        request = urllib.request.Request(src, headers={"User-Agent": "llmsched-gym"})
+        if have:
+            request.add_header("Range", f"bytes={have}-")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                resumed = have > 0 and getattr(resp, "status", None) == 206
+                say(f"{ds.name}: {'resuming at byte ' + format(have, ',') if resumed else 'downloading'} from {src}")
+                with part.open("ab" if resumed else "wb") as f:
+                    for chunk in iter(lambda: resp.read(1 << 16), b""):
+                        f.write(chunk)
+        except urllib.error.HTTPError as e:
+            if not (e.code == 416 and have):  # 416: nothing left to send, the part file is whole
+                raise DataError(f"{ds.name}: download from {src} failed: HTTP {e.code} {e.reason}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # incl. a dropped connection
+            reason = getattr(e, "reason", e)
+            raise DataError(f"{ds.name}: download from {src} failed ({reason}); "
+                            f"run the same command again to resume") from None
+    have = part.stat().st_size if part.is_file() else 0
+    if have < ds.size:  # the connection ended early (http.client does not always raise for that)
+        raise DataError(f"{ds.name}: download from {src} stopped at byte {have:,} of {ds.size:,}; "
+                        "run the same command again to resume")
+    got = _hash(part)  # never the remembered hash: the part file changes in place
+    if got != ds.sha256:
+        part.unlink()
+        raise DataError(f"{ds.name}: sha256 mismatch (got {got}, expected {ds.sha256}): the file at {src} "
+                        "is not the known one; nothing was saved")
+    os.replace(part, target)
+    say(f"{ds.name}: saved {target} ({ds.size:,} bytes, sha256 verified)")
+    return target
+
+
+_NOTIFIED: set[str] = set()
+
+
+def notify_fallback(name: str) -> None:
+    """Say once per process, on stderr, that ``name``'s real file is missing and a synthetic
+    stand-in runs instead (env resets rebuild the workload every episode: one line, not one each)."""
+    if name not in _NOTIFIED:
+        _NOTIFIED.add(name)
+        print(f"{name}: real trace not found, using the synthetic stand-in; `llmsched data download {name}`",
+              file=sys.stderr)
+
+
+def synthetic_note(source: dict | None) -> str:
+    """`` (synthetic stand-in for NAME)`` when a summary's ``workload_source`` is a stand-in, else
+    ``""``: reports append it to their titles, so a synthetic run never passes for the real trace."""
+    if source and source.get("kind") == "synthetic":
+        return f" (synthetic stand-in for {source['name']})"
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# ``llmsched data``
+
+
+def _cmd_list(args) -> int:
+    print(f"cache: {data_dir()}  (set LLMSCHED_DATA to move it)")
+    for ds in DATASETS.values():
+        found = locate(ds)
+        where = f"present ({found[1]}: {found[0]})" if found else "not present"
+        print(f"\n{ds.name}  {ds.size:,} bytes  {where}")
+        print(f"  {ds.description}")
+        print(f"  licence: {ds.licence}; cite: {ds.citation}")
+        print(f"  sha256: {ds.sha256}")
+        print(f"  source: {ds.url or 'no public file: ' + ds.howto}")
+    return 0
+
+
+def _cmd_download(args) -> int:
+    names = list(DATASETS) if args.name == "all" else [_get(args.name).name]
+    if args.url and len(names) > 1:
+        raise DataError("--url: give one NAME with it, not 'all'")
+    for name in names:
+        if DATASETS[name].url is None and args.url is None and args.name == "all":
+            print(f"{name}: skipped: {DATASETS[name].howto}", file=sys.stderr)
+            continue
+        download(name, url=args.url, progress=print)
+    return 0
+
+
+def _cmd_path(args) -> int:
+    ds = _get(args.name)
+    found = locate(ds)
+    if found is None:
+        print(f"{ds.name}: not present (it would go to {data_dir() / ds.relpath}); "
+              f"`llmsched data download {ds.name}`", file=sys.stderr)
+        return 1
+    print(found[0])
+    return 0
+
+
+def add_subcommands(sub) -> None:
+    """``llmsched data list | download NAME|all | path NAME``."""
+    import argparse
+
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    sp = sub.add_parser("data", help="real traces and GPU profiles: list, download, locate",
+                        description=__doc__.split("\n\n")[1], formatter_class=fmt)
+    dsub = sp.add_subparsers(dest="data_command", required=True)
+    p = dsub.add_parser("list", help="known files, their source, licence, sha256 and local copy", formatter_class=fmt)
+    p.set_defaults(func=_cmd_list)
+    p = dsub.add_parser("download", help="fetch into the cache, sha256-verified, resumable", formatter_class=fmt)
+    p.add_argument("name", metavar="NAME", help=f"a known name ({', '.join(DATASETS)}) or 'all'")
+    p.add_argument("--url", default=None,
+                   help="fetch from this URL (a mirror or file:///...) instead of the publisher's")
+    p.set_defaults(func=_cmd_download)
+    p = dsub.add_parser("path", help="print where NAME is read from (exit 1 if it is nowhere)", formatter_class=fmt)
+    p.add_argument("name", metavar="NAME", help="a known name")
+    p.set_defaults(func=_cmd_path)
