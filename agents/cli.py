@@ -61,7 +61,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         hyperparams=_hp(args.hp), hyperparams_file=args.hyperparams, bc_from=args.bc_from,
         bc_episodes=args.bc_episodes, bc_epochs=args.bc_epochs, resume=args.resume,
         checkpoint_every=args.checkpoint_every, score_every=args.score_every, progress=not args.no_progress,
-        torch_threads=args.threads, max_minutes=args.max_minutes,
+        torch_threads=args.threads, max_minutes=args.max_minutes, validation_requests=args.validation_requests,
     )
     meta = train(cfg)
     v = meta["validation"]
@@ -144,6 +144,8 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--checkpoint-every", type=int, default=10_000, help="timesteps between checkpoints")
     sp.add_argument("--score-every", type=int, default=1,
                     help="rollouts between validation scores against the baselines (0 = never)")
+    sp.add_argument("--validation-requests", type=int, default=None,
+                    help="requests of the validation workload (default: the file's, else the training size)")
     sp.add_argument("--threads", type=int, default=1, help="torch threads")
     sp.add_argument("--max-minutes", type=float, default=None, help="stop learning after this much wall time")
     sp.add_argument("--no-progress", action="store_true")

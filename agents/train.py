@@ -36,6 +36,7 @@ VALIDATION_SEED = 99
 TRAIN_SEED_BASE = 1000
 PPO_KEYS = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "learning_rate", "ent_coef",
             "clip_range", "vf_coef", "max_grad_norm")
+INTEGER_KEYS = ("n_steps", "batch_size", "n_epochs", "n_timesteps", "n_envs", "validation_requests")
 
 
 @dataclass
@@ -50,6 +51,9 @@ class TrainConfig:
     :param bc_episodes: demonstration episodes (default: the file's, else 4).
     :param bc_epochs: cloning epochs over them (default: the file's, else 10).
     :param resume: a checkpoint (``.zip``) or run folder to continue from.
+    :param validation_requests: requests of the validation workload (default: the file's
+        ``validation_requests``, else the training episodes' size); score checkpoints on the size
+        the agent is tested on.
     :param score_every: rollouts between validation scores against the baselines (0 = never).
     :param max_minutes: stop learning after this much wall time since the start (``None``: no limit).
     """
@@ -145,14 +149,16 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
         hp["n_timesteps"] = int(cfg.timesteps)
     if cfg.n_envs is not None:
         hp["n_envs"] = int(cfg.n_envs)
+    if cfg.validation_requests is not None:
+        hp["validation_requests"] = int(cfg.validation_requests)
     unknown = set(hp) - {"n_timesteps", "policy", "n_envs", "normalize", "policy_kwargs", "env_kwargs", "algo", "bc",
-                         *PPO_KEYS}
+                         "validation_requests", *PPO_KEYS}
     if unknown:
         raise ValueError(f"hyperparams: unknown key {sorted(unknown)[0]!r}; allowed: n_timesteps, policy, n_envs, "
-                         f"normalize, policy_kwargs, env_kwargs, bc, {', '.join(PPO_KEYS)}")
-    for key in PPO_KEYS + ("n_timesteps", "n_envs"):
+                         f"normalize, policy_kwargs, env_kwargs, bc, validation_requests, {', '.join(PPO_KEYS)}")
+    for key in PPO_KEYS + ("n_timesteps", "n_envs", "validation_requests"):
         if key in hp:
-            hp[key] = _number(key, hp[key], integer=key in ("n_steps", "batch_size", "n_epochs", "n_timesteps", "n_envs"))
+            hp[key] = _number(key, hp[key], integer=key in INTEGER_KEYS)
     bc = dict(hp.pop("bc", None) or {})
     bad = set(bc) - {"from", "episodes", "epochs"}
     if bad:
@@ -368,8 +374,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     # 5. callbacks and learning
     val_over = dict(env_kwargs.get("overrides", {}))
-    if cfg.validation_requests:
-        val_over["workload.n_requests"] = int(cfg.validation_requests)
+    if hp.get("validation_requests"):
+        val_over["workload.n_requests"] = int(hp["validation_requests"])
     baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
     val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
 

@@ -93,6 +93,24 @@ def test_random_window_cut_differs_by_seed_and_is_a_contiguous_shifted_slice(tmp
         W.build_workload({**spec, "trace": {**spec["trace"], "window": "tail"}}, 0)
 
 
+def test_trace_part_keeps_windows_inside_their_fraction_of_the_rows(tmp_path):
+    rows = "\n".join(f"{t},{10 + t},{1 + t % 7}" for t in range(100))
+    path = _write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n" + rows + "\n")
+    trace = {"format": "csv", "path": str(path), "window": "random"}
+    for seed in range(20):  # every window lies inside its part: disjoint train and test windows
+        early = W.build_workload({"trace": {**trace, "part": [0.0, 0.5]}, "n_requests": 10}, seed)
+        late = W.build_workload({"trace": {**trace, "part": [0.5, 1.0]}, "n_requests": 10}, seed)
+        assert 10 <= early.prompt_tokens.min() and early.prompt_tokens.max() <= 59
+        assert 60 <= late.prompt_tokens.min() and late.prompt_tokens.max() <= 109
+        assert late.arrival_s[0] == 0.0 and len(late) == 10
+    head = W.build_workload({"trace": {"format": "csv", "path": str(path), "part": [0.25, 1.0]}, "n_requests": 5}, 0)
+    np.testing.assert_array_equal(head.prompt_tokens, [35, 36, 37, 38, 39])  # a head cut starts at the part
+    np.testing.assert_array_equal(head.arrival_s, np.arange(5.0))
+    for bad in ([0.5, 0.5], [0.2], "half", [-0.1, 0.5]):
+        with pytest.raises(W.WorkloadError, match=r"trace.part: "):
+            W.build_workload({"trace": {**trace, "part": bad}, "n_requests": 10}, 0)
+
+
 # --- synthetic stand-in and lookup --------------------------------------------------------------
 
 

@@ -80,7 +80,9 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     An ``arrival`` replaces the trace's timestamps (required for ``sharegpt``); ``time_scale``
     multiplies them (0.5 doubles the rate). ``n_requests``/``horizon_s`` cut the trace: from its
     first row (``window: head``, the default) or from a seeded start row (``window: random``,
-    arrivals shifted to start at 0), so that different seeds give different workloads.
+    arrivals shifted to start at 0), so that different seeds give different workloads. ``part``
+    (``[start, end]``, fractions of the rows, default ``[0, 1]``) keeps only that part of the trace
+    first, so that training and test windows can come from disjoint parts.
 
 Randomness: each part of the spec draws from its own stream derived from ``(seed, field path)``,
 so the same seed gives identical arrays, and changing, say, the predictor leaves the arrivals and
@@ -856,10 +858,11 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
     for key in ("clients", "types", "prompt", "output", "prefix"):
         if key in spec:
             raise WorkloadError(f"{key}: not allowed with trace (the trace supplies it)")
-    t = _mapping(spec["trace"], "trace", ("format", "path", "on_zero", "time_scale", "window"))
+    t = _mapping(spec["trace"], "trace", ("format", "path", "on_zero", "time_scale", "window", "part"))
     window = t.get("window", "head")
     if window not in ("head", "random"):
         raise WorkloadError(f"trace.window: unknown value {window!r} (allowed: head, random)")
+    part = _trace_part(t.get("part", (0.0, 1.0)))
     fmt = t.get("format")
     if fmt not in traces.FORMATS:
         raise WorkloadError(f"trace.format: unknown value {fmt!r} (allowed: {', '.join(traces.FORMATS)})")
@@ -897,9 +900,26 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
         wl = wl.with_(arrival_s=arr)
     if "time_scale" in t:
         wl = wl.with_(arrival_s=wl.arrival_s * _num(t["time_scale"], "trace.time_scale", gt=0))
+    if part != (0.0, 1.0):
+        lo, hi = (int(round(f * len(wl))) for f in part)
+        rows = {name: getattr(wl, name)[lo:hi] for name in _ROW_ARRAYS}
+        rows["arrival_s"] = rows["arrival_s"] - rows["arrival_s"][0]
+        wl = wl.with_(**rows, prefix=None if wl.prefix is None else wl.prefix[lo:hi])
     if window == "random":
         wl = _random_window(wl, n, horizon_s, b.rng("trace.window"))
     return _cut_workload(wl, n, horizon_s), source
+
+
+def _trace_part(value: Any) -> tuple[float, float]:
+    """``trace.part``: ``[start, end]`` fractions of the trace's rows (held-out windows: train on
+    one part of a trace, test on another)."""
+    try:
+        lo, hi = (float(x) for x in value)
+    except (TypeError, ValueError):
+        raise WorkloadError(f"trace.part: expected [start, end] fractions of the rows, got {value!r}") from None
+    if not 0.0 <= lo < hi <= 1.0:
+        raise WorkloadError(f"trace.part: need 0 <= start < end <= 1, got [{lo}, {hi}]")
+    return lo, hi
 
 
 def _random_window(wl: Workload, n: int | None, horizon_s: float | None, rng: np.random.Generator) -> Workload:
