@@ -118,8 +118,8 @@ def load_agent(path: str | Path, best: bool = False) -> Agent:
 
 
 def describe_run(meta: dict[str, Any], folder: str) -> str:
-    """An agent's label in reports, named for what it is: ``maskable-ppo (bc: sarathi, 41k steps)``
-    (the run folder's name when ``run.json`` is missing)."""
+    """An agent's label in reports, named for what it is: ``maskable-ppo (bc: sarathi, 41k steps)``,
+    ``ppo (tune: sarathi chunk_size, 60k steps)`` (the run folder's name when ``run.json`` is missing)."""
     if not meta:
         return folder
     steps = int(meta.get("timesteps") or 0)
@@ -127,7 +127,13 @@ def describe_run(meta: dict[str, Any], folder: str) -> str:
     bc = (meta.get("bc") or {}).get("policy")
     if isinstance(bc, dict):
         bc = bc.get("name", "") + ":" + ",".join(f"{k}={v}" for k, v in bc.items() if k != "name")
-    what = f"bc: {bc}, {size} steps" if bc else f"{size} steps"
+    env_kwargs = meta.get("env_kwargs") or {}
+    tuned = ""
+    if env_kwargs.get("action_mode") == "tune":  # what the agent sets at every decision
+        knobs = env_kwargs.get("tune") or {"chunk_size": (), "max_num_seqs": ()}
+        base = env_kwargs.get("base", "sarathi")
+        tuned = f"tune: {base if isinstance(base, str) else base.get('name')} {'+'.join(knobs)}, "
+    what = f"{tuned}bc: {bc}, {size} steps" if bc else f"{tuned}{size} steps"
     return f"{meta.get('algo', 'agent')} ({what})"
 
 

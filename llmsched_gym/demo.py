@@ -1,14 +1,16 @@
-"""The main job: train a small agent on the default scenario and compare it with the baselines.
+"""The main job: train an agent on the default scenario and compare it with the baselines.
 
-1. every engine/paper policy that applies to ``azure-conv`` runs on the validation workload;
-2. a MaskablePPO agent (``select`` mode, the set-encoder policy), behaviour-cloned from FCFS, trains
-   for a few minutes on short training episodes (``llmsched train``), scored against those
-   baselines every 4 rollouts;
+1. every policy that applies to ``azure-conv`` runs on the validation workload (seed 99);
+2. a PPO agent trains in ``tune`` mode with the scenario's recipe (``agents/hyperparams/ppo.yml``):
+   at every decision it sets Sarathi-Serve's chunk size, and action 0 is Sarathi at its defaults,
+   so training starts at the best baseline; the model with the best validation score is kept;
 3. the agent and the baselines run on held-out seeds (``llmsched evaluate``): the table (means with
-   95% CIs) is printed and ``report.md``, ``results.json``/``.csv`` and the plots are written to
-   ``runs/demo/eval``; TensorBoard logs are in ``runs/demo/train`` (``tensorboard --logdir runs``).
+   95% CIs) and the agent's paired per-seed differences against the five best baselines are
+   printed, and ``report.md``, ``results.json``/``.csv`` and the plots are written to
+   ``runs/demo/eval``; TensorBoard logs are in ``runs/demo/train`` (``tensorboard --logdir runs``);
+4. the agent against the best static chunk size of ``llmsched benchmark``'s grid, paired.
 
-About 6 minutes on a 2-core machine; ``--quick`` is a one-minute smoke version (tests, CI).
+About 10 minutes on a 2-core machine; ``--quick`` is a one-minute smoke version (tests, CI).
 Without the RL extras (torch, stable-baselines3) only the baseline table is printed.
 """
 
@@ -19,6 +21,7 @@ import importlib.util
 import sys
 import time
 
+DEMO_TIMESTEPS = 60_000
 DEMO_POLICIES = ["fcfs", "vllm-v1", "vllm-v0", "sarathi", "sjf", "srpt", "mcsf", "vtc", "alpha-greedy",
                  "sglang-lpm", "echo-bs"]
 
@@ -39,11 +42,13 @@ def baseline_table(scenario: str, seed: int, n_requests: int | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmsched_gym.demo")
     p.add_argument("--scenario", default="azure-conv")
-    p.add_argument("--timesteps", type=int, default=None, help="training timesteps (default 40,000; quick 1,024)")
+    p.add_argument("--timesteps", type=int, default=None,
+                   help=f"training timesteps (default {DEMO_TIMESTEPS:,}; quick 1,024)")
     p.add_argument("--train-requests", type=int, default=None, help="requests per training episode")
     p.add_argument("--n-requests", type=int, default=None, help="requests per evaluation workload")
     p.add_argument("--seeds", default=None, help="held-out evaluation seeds (default 100-104; quick 100-101)")
     p.add_argument("--out", default="runs/demo")
+    p.add_argument("--max-minutes", type=float, default=7.0, help="stop training after this much wall time")
     p.add_argument("--quick", action="store_true", help="a one-minute smoke version")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -66,44 +71,83 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds = "100"
         print(f"note: {args.scenario} replays a fixed trace (its first N requests), so seeds do not change the "
               "workload: one evaluation seed; training episodes are a prefix of the evaluation workload")
-    train_n = args.train_requests or (100 if quick else 300)
     eval_n = args.n_requests or (150 if quick else 1000)
-    timesteps = args.timesteps or (1024 if quick else 40_000)
+    timesteps = args.timesteps or (1024 if quick else DEMO_TIMESTEPS)
     seeds = parse_seeds(args.seeds or ("100-101" if quick else "100-104"))
     policies = [n for n in DEMO_POLICIES if n in available()]
     if quick:
-        policies = [n for n in ("fcfs", "vllm-v1", "sjf") if n in available()]
+        policies = [n for n in ("fcfs", "sarathi", "sjf") if n in available()]
 
-    print(f"[1/2] training MaskablePPO on {args.scenario} ({timesteps} steps, {train_n}-request episodes)")
+    # the scenario's recipe in agents/hyperparams/ppo.yml (tune mode: action 0 is Sarathi at its
+    # defaults, so PPO starts at the best baseline and learns the chunk size per decision)
+    hp = {"n_steps": 256, "batch_size": 128, "n_epochs": 2} if quick else {}
+    overrides = {"workload.n_requests": args.train_requests} if args.train_requests else {}
+    if quick:
+        overrides.setdefault("workload.n_requests", 100)
+    print(f"[1/3] training PPO in tune mode on {args.scenario} ({timesteps} steps; recipe agents/hyperparams/ppo.yml)")
     meta = train(TrainConfig(
-        scenario=args.scenario, name="train", out=args.out, timesteps=timesteps,
-        env_kwargs={"action_mode": "select"},
-        overrides={"workload.n_requests": train_n},
-        # small steps keep PPO near the cloned start (at 3e-4 it drifts into launching early)
-        hyperparams={"n_steps": 256, "batch_size": 128, "n_epochs": 2} if quick else
-        {"learning_rate": 5e-5, "clip_range": 0.1},
-        # a cloned Sarathi start (the default mode expresses its chunked batches exactly): an
-        # untrained policy that launches early serialises the requests, and its episodes (one step
-        # per iteration) grow to tens of thousands of steps
-        # (6 episodes x 40 epochs clone it to 0.996 accuracy; 2 x 10 reached 0.73 and drifted)
-        bc_from="sarathi", bc_episodes=2 if quick else 6, bc_epochs=10 if quick else 40,
-        checkpoint_every=max(timesteps // 4, 256), score_every=4 if not quick else 2, progress=not quick,
+        scenario=args.scenario, name="train", out=args.out, timesteps=timesteps, env_kwargs={"action_mode": "tune"},
+        overrides=overrides, hyperparams=hp, validation_requests=150 if quick else None,
+        checkpoint_every=max(timesteps // 4, 256), score_every=1, progress=not quick,
+        max_minutes=None if quick else args.max_minutes,
     ))
-    print(f"      {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s; "
-          f"validation E2E x{meta['validation']['best_rel_e2e_mean_vs_best']:.3f} of the best baseline (best model)")
-    print(f"[2/2] evaluating the agent and {len(policies)} baselines on seeds {seeds} ({eval_n} requests each)")
-    results = compare(args.scenario, seeds, [1.0], policies, [f"{args.out}/train"], {"workload.n_requests": eval_n}, {},
+    print(f"      {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s; best validation E2E "
+          f"x{meta['validation']['best_rel_e2e_mean_vs_best']:.3f} of the best baseline (that model is evaluated)")
+    print(f"[2/3] evaluating the agent and {len(policies)} baselines on seeds {seeds} ({eval_n} requests each)")
+    over = {"workload.n_requests": eval_n}
+    results = compare(args.scenario, seeds, [1.0], policies, [f"{args.out}/train"], over, {},
                       f"{args.out}/eval", plots=True, best=True)
     for agent, pairs in results.get("paired", {}).items():
         print(f"{agent}, mean E2E paired by seed against the five best baselines:")
         for x in pairs:
-            print(f"  vs {x['baseline']:<14} {x['baseline_mean']:7.3f} s -> {x['agent_mean']:7.3f} s  "
+            print(f"  vs {x['baseline']:<22} {x['baseline_mean']:7.3f} s -> {x['agent_mean']:7.3f} s  "
                   f"{100 * x['paired_rel']:+6.1f}% ± {100 * x['paired_rel_ci95']:.1f}%  {x['verdict']}")
         best = pairs[0] if pairs else None
         if best is not None and best["verdict"] != "better":
             print(f"  the agent does not beat the best baseline ({best['baseline']}): {best['verdict']}")
+        print(f"[3/3] the best static tuning: {agent} against the benchmark's grid over Sarathi's chunk_size")
+        mine = {r["seed"]: r["metrics"]["e2e_mean_s"] for r in results["runs"] if r["policy"] == agent}
+        static = static_tuning(args.scenario, seeds, over)
+        x = paired(mine, static["values"])
+        print(f"  vs {static['name']:<22} {static['mean']:7.3f} s -> {x['agent_mean']:7.3f} s  "
+              f"{100 * x['rel']:+6.1f}% ± {100 * x['ci95']:.1f}%  {x['verdict']}")
+        if x["verdict"] != "better":
+            print(f"  the agent does not beat the best static tuning ({static['name']}): {x['verdict']}")
     print(f"total {time.perf_counter() - t0:.0f}s; TensorBoard: tensorboard --logdir {args.out}")
     return 0
+
+
+def static_tuning(scenario: str, seeds: list[int], overrides: dict) -> dict:
+    """The best point of the benchmark's Sarathi ``chunk_size`` grid by mean E2E on ``seeds``
+    (with its per-seed values), among those that complete every request."""
+    import numpy as np
+
+    from llmsched_gym.benchmark import GRID
+    from llmsched_gym.sim import simulate
+
+    knob, grid = GRID["sarathi"]
+    best = None
+    for v in grid:
+        runs = [simulate(scenario, {"name": "sarathi", knob: v}, s, overrides).summary for s in seeds]
+        if any(r["n_completed"] < r["n_arrived"] for r in runs):
+            continue
+        vals = {s: r["e2e_s"]["mean"] for s, r in zip(seeds, runs, strict=True)}
+        m = float(np.mean(list(vals.values())))
+        if best is None or m < best["mean"]:
+            best = {"name": f"sarathi:{knob}={v}", "mean": m, "values": vals}
+    assert best is not None, "no Sarathi chunk size completes the workload"
+    return best
+
+
+def paired(mine: dict[int, float], theirs: dict[int, float]) -> dict:
+    """Mean relative per-seed difference ``(mine - theirs) / theirs`` with its 95% t-interval."""
+    import numpy as np
+
+    from agents.report import mean_ci
+
+    rel, h, _ = mean_ci((mine[s] - theirs[s]) / theirs[s] for s in mine if s in theirs)
+    verdict = ("better" if rel < 0 else "worse") if np.isfinite(h) and abs(rel) > h else "tie (CI includes 0)"
+    return {"agent_mean": float(np.mean(list(mine.values()))), "rel": rel, "ci95": h, "verdict": verdict}
 
 
 if __name__ == "__main__":

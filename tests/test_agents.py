@@ -92,6 +92,26 @@ def test_hyperparams_pick_ppo_for_priority_and_reject_maskable_knob():
         resolve(TrainConfig(hyperparams={"n_stepz": 3}))
 
 
+def test_azure_conv_tune_recipe_starts_at_sarathi_and_validates_on_the_test_size():
+    hp = resolve(TrainConfig(scenario="azure-conv", env_kwargs={"action_mode": "tune"}))
+    assert hp["algo"] == "ppo" and hp["env_kwargs"]["tune"] == {"chunk_size": [32, 8192]}
+    assert hp["validation_requests"] == 1000  # the benchmark's test size
+    assert resolve(TrainConfig(scenario="azure-conv", algo="ppo", validation_requests=200))["validation_requests"] == 200
+    with pytest.raises(ValueError, match="hyperparams: validation_requests: expected a positive integer"):
+        resolve(TrainConfig(scenario="azure-conv", algo="ppo", hyperparams={"validation_requests": 0}))
+
+
+def test_agents_are_named_for_what_they_set():
+    from agents.agent import describe_run
+
+    tune = {"algo": "ppo", "timesteps": 60_000, "env_kwargs": {"action_mode": "tune", "tune": {"chunk_size": [32, 8192]}}}
+    assert describe_run(tune, "x") == "ppo (tune: sarathi chunk_size, 60k steps)"
+    both = {"algo": "ppo", "timesteps": 500, "env_kwargs": {"action_mode": "tune", "base": {"name": "sarathi", "watermark": 0.02}}}
+    assert describe_run(both, "x") == "ppo (tune: sarathi chunk_size+max_num_seqs, 500 steps)"
+    assert describe_run({"algo": "maskable-ppo", "timesteps": 41_000, "bc": {"policy": "sarathi"}}, "x") == \
+        "maskable-ppo (bc: sarathi, 41k steps)"
+
+
 def test_vecnormalize_names_follow_the_model_names(tmp_path):
     assert vecnormalize_path(tmp_path / "model.zip").name == "vecnormalize.pkl"
     assert vecnormalize_path(tmp_path / "best_model.zip").name == "best_vecnormalize.pkl"
