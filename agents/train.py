@@ -104,8 +104,32 @@ def parse_policy_spec(spec: str | dict[str, Any] | None) -> str | dict[str, Any]
     return {"name": name, **_parse_sets([p for p in params.split(",") if p.strip()], "bc.from")}
 
 
-def _number(key: str, value: Any, integer: bool) -> float | int:
-    """A hyperparameter as a number (YAML 1.1 reads ``1e-4`` as a string), or a one-line error."""
+SCHEDULED_KEYS = ("learning_rate", "clip_range")
+"""Hyperparameters that may decay linearly to 0 over training: ``lin_3e-4`` (rl-zoo's notation)."""
+
+
+@dataclass(frozen=True)
+class LinearSchedule:
+    """``start`` times SB3's ``progress_remaining`` (1 at the start of ``learn``, 0 at its end)."""
+
+    start: float
+
+    def __call__(self, progress_remaining: float) -> float:
+        return self.start * progress_remaining
+
+
+def schedule(value: float | str) -> float | LinearSchedule:
+    """A resolved hyperparameter for SB3: the number, or a :class:`LinearSchedule` for ``lin_X``."""
+    return LinearSchedule(float(value[4:])) if isinstance(value, str) else value
+
+
+def _number(key: str, value: Any, integer: bool) -> float | int | str:
+    """A hyperparameter as a number (YAML 1.1 reads ``1e-4`` as a string), or a one-line error;
+    ``lin_X`` (learning_rate, clip_range) is kept as written and becomes a schedule in :func:`schedule`."""
+    if key in SCHEDULED_KEYS and isinstance(value, str) and value.startswith("lin_"):
+        if not _number(key, value[4:], integer) > 0:
+            raise ValueError(f"hyperparams: {key}: a linear schedule needs a start > 0, got {value!r}")
+        return value
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -326,7 +350,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     # 3. the model (new, or resumed with its normalisation statistics)
     cls = algo_class(algo)
-    ppo_kw = {k: hp[k] for k in PPO_KEYS if k in hp}
+    ppo_kw = {k: schedule(hp[k]) for k in PPO_KEYS if k in hp}
     if cfg.resume:
         rp = Path(cfg.resume)
         model_path = rp if rp.suffix == ".zip" else (rp / "model.zip")

@@ -17,7 +17,7 @@ from gymnasium import spaces  # noqa: E402
 from agents.agent import load_agent, make_env, run_episode, vecnormalize_path  # noqa: E402
 from agents.features import QueueSetExtractor  # noqa: E402
 from agents.report import mean_ci, parse_seeds  # noqa: E402
-from agents.train import TrainConfig, resolve, train  # noqa: E402
+from agents.train import TrainConfig, resolve, schedule, train  # noqa: E402
 from llmsched_gym.cli import main  # noqa: E402
 
 SMALL = {"workload.n_requests": 120}
@@ -129,6 +129,16 @@ def tiny_run(tmp_path_factory):
     return out / "tiny", meta, cfg
 
 
+def test_benchmark_scores_an_agent_only_on_its_own_scenario(tiny_run, tmp_path):
+    from llmsched_gym.benchmark import run_benchmark
+
+    run_dir, _, _ = tiny_run
+    res = run_benchmark(["azure-conv"], agents=[str(run_dir)], quick=True, baselines=["fcfs", "sarathi"],
+                        out=tmp_path)
+    assert res["skipped"]["azure-conv"][str(run_dir)].endswith("was trained on jaillet-low, not azure-conv")
+    assert all(r["kind"] != "agent" for r in res["tasks"]["azure-conv"]["rows"])
+
+
 def test_tiny_agent_trains_saves_reloads_and_serves_every_request_with_masks(tiny_run):
     run_dir, meta, _ = tiny_run
     assert meta["timesteps"] >= 2048 and meta["episodes"] > 0
@@ -227,6 +237,14 @@ def test_hyperparameters_read_exponent_floats_and_reject_non_numbers():
         resolve(TrainConfig(scenario="jaillet-high", hyperparams={"learning_rate": "fast"}))
     with pytest.raises(ValueError, match="hyperparams: n_steps: expected a positive integer"):
         resolve(TrainConfig(scenario="jaillet-high", hyperparams={"n_steps": 2.5}))
+    hp = resolve(TrainConfig(scenario="jaillet-high", hyperparams={"learning_rate": "lin_3e-4"}))
+    assert hp["learning_rate"] == "lin_3e-4"  # rl-zoo's linear decay, kept as written in run.json
+    lr = schedule(hp["learning_rate"])
+    assert (lr(1.0), lr(0.5), lr(0.0)) == pytest.approx((3e-4, 1.5e-4, 0.0))
+    with pytest.raises(ValueError, match="hyperparams: learning_rate: expected a number, got 'fast'"):
+        resolve(TrainConfig(scenario="jaillet-high", hyperparams={"learning_rate": "lin_fast"}))
+    with pytest.raises(ValueError, match="hyperparams: gamma: expected a number"):
+        resolve(TrainConfig(scenario="jaillet-high", hyperparams={"gamma": "lin_0.99"}))
 
 
 def test_wall_clock_limit_stops_learning_and_still_saves(tiny_run, tmp_path):
