@@ -74,6 +74,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str) -> int:
+    missing = [m for m in models if not Path(m).exists()]
+    if missing:
+        raise ValueError(f"--model: {missing[0]}: no such path (give a run folder or a model .zip)")
     from agents.evaluate import compare
     from agents.report import parse_seeds
     from llmsched_gym.parallel import settings_from
@@ -109,37 +112,44 @@ def _common_eval(sp: argparse.ArgumentParser, seeds: str, policies: str | None) 
     sp.add_argument("--policies", default=policies, help="baselines: comma list, 'all' or 'none'")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="scenario override (workload.X, engine.X, latency) or policy.X for the baselines that take X")
-    sp.add_argument("--out", default=None, help="report folder")
-    sp.add_argument("--no-plots", action="store_true")
-    sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--out", default=None, help="report folder (default: runs/eval/MODEL or runs/compare/SCENARIO)")
+    sp.add_argument("--no-plots", action="store_true", help="write no PNG plots (faster; no matplotlib needed)")
+    sp.add_argument("--quiet", action="store_true", help="print no table")
     add_parallel_arguments(sp)
 
 
 def add_subcommands(sub: Any) -> None:
     """Add ``train``, ``evaluate`` and ``compare`` to the main ``llmsched`` parser."""
-    sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v0")
-    sp.add_argument("--scenario", default="jaillet-low")
-    sp.add_argument("--name", default=None, help="run name (default SCENARIO-MODE-sSEED)")
-    sp.add_argument("--out", default="runs/train")
+    from llmsched_gym.cli import HelpFormatter
+
+    from_file = "(default: the hyperparameter file's entry for the scenario)"
+    sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v0", formatter_class=HelpFormatter)
+    sp.add_argument("--scenario", default="jaillet-low", help="scenario to train on (`llmsched list`)")
+    sp.add_argument("--name", default=None, help="run name (default: SCENARIO-MODE-sSEED)")
+    sp.add_argument("--out", default="runs/train", help="parent folder of the run folder")
     sp.add_argument("--algo", default=None, choices=["maskable-ppo", "ppo"],
                     help="default: maskable-ppo, ppo for the priority/knob/tune modes")
-    sp.add_argument("--timesteps", type=int, default=None)
-    sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--n-envs", type=int, default=None)
-    sp.add_argument("--vec", default="dummy", choices=["dummy", "subproc"])
-    sp.add_argument("--action-mode", default=None, choices=["select", "subset", "priority", "knob", "meta", "tune"])
-    sp.add_argument("--admission", default=None, choices=["current", "future", "none"])
-    sp.add_argument("--K", type=int, default=None, help="queue slots")
+    sp.add_argument("--timesteps", type=int, default=None, help=f"environment steps to learn for {from_file}")
+    sp.add_argument("--seed", type=int, default=0, help="seeds the model and the training workloads")
+    sp.add_argument("--n-envs", type=int, default=None, help=f"parallel training environments {from_file}")
+    sp.add_argument("--vec", default="dummy", choices=["dummy", "subproc"],
+                    help="run the environments in this process or in subprocesses")
+    sp.add_argument("--action-mode", default=None, choices=["select", "subset", "priority", "knob", "meta", "tune"],
+                    help=f"what the agent decides each step {from_file}")
+    sp.add_argument("--admission", default=None, choices=["current", "future", "none"],
+                    help=f"memory rule behind the action mask {from_file}")
+    sp.add_argument("--K", type=int, default=None, help=f"queue slots the agent sees {from_file}")
     sp.add_argument("--order", default=None, choices=["arrival", "shortest", "prompt", "deadline"],
-                    help="canonical order of the queue slots")
+                    help=f"canonical order of the queue slots {from_file}")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="scenario override for training episodes")
     sp.add_argument("--hp", action="append", metavar="KEY=VALUE", help="hyperparameter override (n_steps=256)")
-    sp.add_argument("--hyperparams", default=None, help="a YAML file instead of agents/hyperparams/ALGO.yml")
+    sp.add_argument("--hyperparams", default=None, metavar="YAML",
+                    help="a hyperparameter file instead of agents/hyperparams/maskable_ppo.yml (or ppo.yml)")
     sp.add_argument("--bc-from", default=None, metavar="POLICY",
                     help="behaviour-clone this baseline first (NAME or NAME:key=value,...; 'none' overrides "
                          "the hyperparameter file's bc entry)")
-    sp.add_argument("--bc-episodes", type=int, default=None, help="demonstration episodes (default 4)")
-    sp.add_argument("--bc-epochs", type=int, default=None, help="cloning epochs (default 10)")
+    sp.add_argument("--bc-episodes", type=int, default=None, help="demonstration episodes (default: the file's, else 4)")
+    sp.add_argument("--bc-epochs", type=int, default=None, help="cloning epochs (default: the file's, else 10)")
     sp.add_argument("--resume", default=None, help="checkpoint .zip (or run folder) to continue from")
     sp.add_argument("--checkpoint-every", type=int, default=10_000, help="timesteps between checkpoints")
     sp.add_argument("--score-every", type=int, default=1,
@@ -147,18 +157,21 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--validation-requests", type=int, default=None,
                     help="requests of the validation workload (default: the file's, else the training size)")
     sp.add_argument("--threads", type=int, default=1, help="torch threads")
-    sp.add_argument("--max-minutes", type=float, default=None, help="stop learning after this much wall time")
-    sp.add_argument("--no-progress", action="store_true")
+    sp.add_argument("--max-minutes", type=float, default=None,
+                    help="stop learning after this much wall time (default: no limit)")
+    sp.add_argument("--no-progress", action="store_true", help="print no progress bar")
     sp.set_defaults(func=cmd_train)
 
-    sp = sub.add_parser("evaluate", help="agents and baselines on held-out seeds, with a report")
+    sp = sub.add_parser("evaluate", help="agents and baselines on held-out seeds, with a report",
+                        formatter_class=HelpFormatter)
     sp.add_argument("--model", action="append", help="run folder or model .zip (repeatable)")
     sp.add_argument("--scenario", default=None, help="default: the model's training scenario")
     sp.add_argument("--best", action="store_true", help="use best_model.zip instead of model.zip")
     _common_eval(sp, "100-104", "all")
     sp.set_defaults(func=cmd_evaluate)
 
-    sp = sub.add_parser("compare", help="baselines on the same seeded workloads, with a report")
-    sp.add_argument("--scenario", default="azure-conv")
+    sp = sub.add_parser("compare", help="baselines on the same seeded workloads, with a report",
+                        formatter_class=HelpFormatter)
+    sp.add_argument("--scenario", default="azure-conv", help="scenario name (`llmsched list`)")
     _common_eval(sp, "0-4", "all")
     sp.set_defaults(func=cmd_compare)

@@ -33,6 +33,25 @@ def _split_policy_sets(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return rest, policy
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows each option's default, except for flags and options whose help text says
+    what leaving them out means (default ``None``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llmsched-gym")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -81,8 +100,9 @@ def print_summary(summary: dict[str, Any]) -> None:
     Console(width=120).print(t)
 
 
-def write_iteration_log(result, path: str) -> None:
-    """The iteration log as CSV plus ``.batches.jsonl`` (batch composition, for GPU replay)."""
+def write_iteration_log(result, path: str, batches: bool = False) -> None:
+    """The iteration log as CSV; with ``batches``, also ``PATH.batches.jsonl`` beside it (each
+    iteration's batch composition, which ``llmsched gpu replay`` reads)."""
     import numpy as np
 
     from llmsched_gym.core.engine import LOG_COLUMNS
@@ -95,6 +115,8 @@ def write_iteration_log(result, path: str) -> None:
         f.write(",".join(LOG_COLUMNS) + "\n")
         for row in zip(*cols, strict=True):
             f.write(",".join(repr(float(v)) if isinstance(v, float | np.floating) else str(int(v)) for v in row) + "\n")
+    if not batches:
+        return
     with p.with_suffix(".batches.jsonl").open("w") as f:
         for b in result.engine.batches:
             f.write(json.dumps(b) + "\n")
@@ -128,11 +150,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from llmsched_gym.sim import simulate
 
+    if args.log_batches and not args.log_iterations:
+        raise ValueError("--log-batches: needs --log-iterations PATH (the batches go beside that CSV)")
     sets, policy_params = _split_policy_sets(_parse_sets(args.set))
     if args.latency:
         sets["latency"] = args.latency
     result = simulate(args.scenario, args.policy, args.seed, sets, policy_params,
-                      log_batches=bool(args.log_iterations))
+                      log_batches=args.log_batches)
     s = result.summary
     if args.reference:
         from llmsched_gym.core.scenarios import get_scenario
@@ -146,7 +170,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(s, indent=2, default=float) + "\n")
     if args.log_iterations:
-        write_iteration_log(result, args.log_iterations)
+        write_iteration_log(result, args.log_iterations, batches=args.log_batches)
     if not args.quiet:
         print_summary(s)
     return 0
@@ -178,41 +202,49 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llmsched", description="LLM inference scheduling gym and simulator")
+    p = argparse.ArgumentParser(prog="llmsched", description="LLM inference scheduling gym and simulator",
+                                formatter_class=HelpFormatter)
+    p.add_argument("--version", action="version", version=f"llmsched-gym {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    sp = sub.add_parser("list", help="scenarios, policies and latency presets")
+    sp = sub.add_parser("list", help="scenarios, policies and latency presets", formatter_class=HelpFormatter)
     sp.set_defaults(func=cmd_list)
 
-    sp = sub.add_parser("run", help="run one policy on one scenario")
-    sp.add_argument("--scenario", default="azure-conv", help="scenario name or trace:FORMAT:PATH")
+    sp = sub.add_parser("run", help="run one policy on one scenario", formatter_class=HelpFormatter)
+    sp.add_argument("--scenario", default="azure-conv", help="scenario name (`llmsched list`) or trace:FORMAT:PATH")
     sp.add_argument("--policy", default=None, help="policy name (default: the scenario's)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=int, default=0, help="seeds the workload, the engine and the policy")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override: workload.X, engine.X, latency, policy.X (repeatable)")
-    sp.add_argument("--latency", default=None, help="batch-time model (e.g. roofline:llama-3-8b/h100, gpu:MODEL)")
-    sp.add_argument("--json", default=None, help="write the summary JSON here")
-    sp.add_argument("--log-iterations", default=None, help="write the iteration log CSV here")
+    sp.add_argument("--latency", default=None,
+                    help="batch-time model, e.g. roofline:llama-3-8b/h100 or gpu:MODEL (default: the scenario's)")
+    sp.add_argument("--json", default=None, metavar="PATH", help="write the summary JSON here")
+    sp.add_argument("--log-iterations", default=None, metavar="PATH",
+                    help="write the iteration log CSV here (one row per engine iteration)")
+    sp.add_argument("--log-batches", action="store_true",
+                    help="also write PATH.batches.jsonl beside the iteration log: each iteration's batch "
+                         "composition, for `llmsched gpu replay` (large: tens of MB on azure-conv)")
     sp.add_argument("--reference", action="store_true",
                     help="add ratio_to_fluid (typed workloads) or ratio_to_opt/regret (small round-mode runs)")
-    sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--quiet", action="store_true", help="print no summary table")
     sp.set_defaults(func=cmd_run)
 
-    sp = sub.add_parser("bench", help="speed report")
+    sp = sub.add_parser("bench", help="speed report", formatter_class=HelpFormatter)
     sp.add_argument("--quick", action="store_true", help="smaller runs (for CI)")
-    sp.add_argument("--only", action="append", help="sections: engine, env (repeatable)")
-    sp.add_argument("--json", default=None)
+    sp.add_argument("--only", action="append", help="sections: engine, env (repeatable; default: all)")
+    sp.add_argument("--json", default=None, metavar="PATH", help="write the report JSON here")
     sp.set_defaults(func=cmd_bench)
 
-    sp = sub.add_parser("benchmark", help="the fixed task suite: score policies and agents against the baselines")
+    sp = sub.add_parser("benchmark", help="the fixed task suite: score policies and agents against the baselines",
+                        formatter_class=HelpFormatter)
     sp.add_argument("--task", action="append", help="a task of the suite (repeatable; default: all)")
     sp.add_argument("--policy", action="append", metavar="NAME[:k=v,...]",
                     help="an extra (parameterised) policy to score (repeatable)")
     sp.add_argument("--agent", action="append", metavar="RUN_DIR", help="a trained agent to score (repeatable)")
     sp.add_argument("--best", action="store_true", help="agents: use best_model.zip instead of model.zip")
     sp.add_argument("--quick", action="store_true", help="two tasks, small workloads, two seeds (CI)")
-    sp.add_argument("--out", default="runs/benchmark", help="output folder (default: runs/benchmark)")
-    sp.add_argument("--quiet", action="store_true")
+    sp.add_argument("--out", default="runs/benchmark", help="output folder")
+    sp.add_argument("--quiet", action="store_true", help="print no progress")
     sp.set_defaults(func=cmd_benchmark)
 
     from llmsched_gym.data import add_subcommands as add_data

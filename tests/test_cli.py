@@ -32,8 +32,23 @@ def test_run_writes_summary_json_and_iteration_log(tmp_path, capsys):
     lines = log.read_text().splitlines()
     assert lines[0].startswith("t_start,duration,n_prefill_tokens")
     assert len(lines) == s["iterations"] + 1
+    assert not log.with_suffix(".batches.jsonl").exists()  # the batch detail only when asked for
+    rc, _, _ = run_cli(capsys, "run", "--scenario", "jaillet-low", "--set", "workload.n_requests=200",
+                       "--log-iterations", str(log), "--log-batches", "--quiet")
     batches = log.with_suffix(".batches.jsonl").read_text().splitlines()
-    assert len(batches) == s["iterations"]
+    assert rc == 0 and len(batches) == s["iterations"]
+    assert json.loads(batches[0]).keys() == {"prefill", "decode"}
+
+
+def test_log_batches_needs_an_iteration_log(capsys):
+    rc, _, err = run_cli(capsys, "run", "--scenario", "klpm-toy", "--log-batches", "--quiet")
+    assert rc == 2 and err.strip() == "error: --log-batches: needs --log-iterations PATH (the batches go beside that CSV)"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        run_cli(capsys, "--version")
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("llmsched-gym ")
 
 
 @pytest.mark.parametrize(
@@ -79,3 +94,17 @@ def test_run_reference_adds_ratio_to_fluid_for_typed_workloads(tmp_path, capsys)
     assert 0 < s["ratio_to_fluid"] < 1
     assert main(["run", "--scenario", "jaillet-low", "--set", "workload.n_requests=50", "--reference", "--quiet"]) == 0
     assert "reference: none applies" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [[], ["--scenario", "jaillet-low"]])
+def test_evaluate_names_a_missing_model_path(capsys, extra):
+    rc, _, err = run_cli(capsys, "evaluate", "--model", "/no/such/run", *extra)
+    assert rc == 2 and err.strip() == "error: --model: /no/such/run: no such path (give a run folder or a model .zip)"
+
+
+def test_optimum_prints_words_and_units(capsys):
+    rc, out, _ = run_cli(capsys, "optimum", "--scenario", "klpm-toy", "--policy", "fcfs")
+    assert rc == 0
+    assert "instance: 4 requests, KV capacity M = 11 tokens, one round = 1 s of arrival time" in out
+    assert "optimal total end-to-end latency (TEL): " in out and " rounds" in out
+    assert "fcfs: regret " in out and "rounds per request" in out

@@ -57,7 +57,7 @@ def test_optimum_command_matches_exhaustive_search(seed, capsys):
     argv = ["optimum", "--scenario", "klpm-toy", "--set", "engine.kv_capacity_tokens=12",
             "--set", f"workload.explicit={{arrival_s: {arrival}, prompt_tokens: {prompt}, output_tokens: {output}}}"]
     assert main(argv) == 0
-    assert f"tel: {best.tel}" in capsys.readouterr().out
+    assert f"optimal total end-to-end latency (TEL): {best.tel:,} rounds" in capsys.readouterr().out
 
 
 def test_optimum_command_rejects_instances_beyond_the_size_limit(capsys):

@@ -189,6 +189,9 @@ def read_iteration_log(log_path: str | Path) -> tuple[list[dict[str, float]], li
     with log_path.open(newline="") as f:
         rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
     batches_path = log_path.with_suffix(".batches.jsonl")
+    if not batches_path.is_file():
+        raise ValueError(f"replay: {batches_path}: no such file; write it with "
+                         f"`llmsched run --log-iterations {log_path} --log-batches`")
     with batches_path.open() as f:
         batches = [json.loads(line) for line in f if line.strip()]
     if len(rows) != len(batches):

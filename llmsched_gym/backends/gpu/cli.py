@@ -29,7 +29,7 @@ def add_gpu_subcommands(subparsers: argparse._SubParsersAction) -> None:
     cal.set_defaults(func=_calibrate)
 
     rep = sub.add_parser("replay", help="re-execute an iteration log and score batch-time models")
-    rep.add_argument("iteration_log", help="CSV written by `llmsched run --log-iterations`")
+    rep.add_argument("iteration_log", help="CSV written by `llmsched run --log-iterations PATH --log-batches`")
     common(rep, "runs/gpu/replay")
     rep.add_argument("--calibration", help="a calibrate output folder: score its affine and table models")
     rep.add_argument("--latency", action="append", default=[], help="a latency preset to score (repeatable)")
