@@ -48,8 +48,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "azure-conv": {
         "description": "Azure LLM inference trace 2023 (conversation, 19,366 requests, its own arrival times); "
         "Llama-2-7B on one A100 (roofline), paged KV with 118,784 tokens (7,424 blocks of 16) as Vidur "
-        "sets it, vLLM-style LIFO preemption with recompute. A cut (n_requests, horizon_s) starts at a seeded row. Falls back to a synthetic trace fitted to "
-        "the published statistics when ../shared/traces is absent.",
+        "sets it, vLLM-style LIFO preemption with recompute. A cut (n_requests, horizon_s) starts at a seeded row. Without the trace (`llmsched data download "
+        "azure-conv`) it runs a synthetic stand-in fitted to the trace's statistics, and says so.",
         "paper": "Azure trace of Patel et al. 2024 (Splitwise); capacity as Vidur sets it in Ao et al. 2025, section 6",
         "workload": {"trace": {"format": "azure", "window": "random"}},
         "engine": {"kv_capacity_tokens": 118_784, "block_size": 16, "prefill_emits_token": True,
@@ -70,7 +70,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "vtc-arena": {
         "description": "Sheng et al. 2024's real workload (section 5.3): the 27-client Chatbot Arena trace (1,500 requests over "
         "600 s), Llama-2-7B on an A10G (the affine fit to Sheng et al.'s profile), token-level KV pool of 10,000 tokens. "
-        "Falls back to a synthetic 27-client trace with the same size and mean lengths when the file is absent.",
+        "Without the trace it runs a synthetic 27-client stand-in with the same size and mean lengths, and says so.",
         "paper": "Sheng et al. 2024, section 5.3",
         "workload": {"trace": {"format": "vtc"}},
         "engine": {"kv_capacity_tokens": 10_000, "block_size": 1, "prefill_emits_token": True,
