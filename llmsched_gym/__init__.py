@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import llmsched_gym.backends.gpu  # noqa: F401  (registers the gpu:MODEL latency model; torch stays lazy)
 from llmsched_gym.env import register_envs
 
 __version__ = "0.1.0"

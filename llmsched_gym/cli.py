@@ -201,6 +201,36 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from llmsched_gym.fidelity import run_fidelity
+
+    tps = _tp_list(args.tp) if args.tp else None
+    res = run_fidelity(args.profile, args.latency, tps, args.replay, args.out, args.max_tokens, plots=not args.no_plot)
+    for r in res["profiles"]:
+        best = ", ".join(f"{k} {v['mape']:.1%}" for k, v in sorted(r["models"].items(), key=lambda kv: kv[1]["mape"]))
+        print(f"{r['label']}: MAPE {best}")
+    for log in res["iteration_logs"]:
+        best = ", ".join(f"{k} {v['mape']:.1%}" for k, v in sorted(log["models"].items(), key=lambda kv: kv[1]["mape"]))
+        print(f"{log['path']} ({log['iterations']} iterations): MAPE {best}")
+    if args.out:
+        print(f"report: {Path(args.out) / 'fidelity.md'}")
+    return 0
+
+
+def cmd_import_profile(args: argparse.Namespace) -> int:
+    from llmsched_gym.fidelity import import_profile
+
+    path = import_profile(args.source, args.out, args.tp)
+    print(f"wrote {path}; use it as --latency table:{path}")
+    return 0
+
+
+def _tp_list(text: str) -> tuple[int, ...]:
+    if not all(t.strip().isdigit() and int(t) > 0 for t in text.split(",")):
+        raise ValueError(f"--tp: expected positive integers separated by commas (1,2,4), got {text!r}")
+    return tuple(int(t) for t in text.split(","))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmsched", description="LLM inference scheduling gym and simulator",
                                 formatter_class=HelpFormatter)
@@ -247,9 +277,28 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", action="store_true", help="print no progress")
     sp.set_defaults(func=cmd_benchmark)
 
+    sp = sub.add_parser("fidelity", help="batch-time models against real GPU measurements (MAPE, worst case, plots)")
+    sp.add_argument("--profile", action="append", metavar="vidur:GPU/MODEL|PATH",
+                    help="a measured operator profile (repeatable; default: every Vidur profile found)")
+    sp.add_argument("--latency", action="append", metavar="SPEC", help="an extra model to score (repeatable)")
+    sp.add_argument("--tp", default=None, help="tensor-parallel degrees, e.g. 1,2,4 (default: all)")
+    sp.add_argument("--replay", action="append", metavar="CSV",
+                    help="a measured iteration log: `llmsched gpu replay`'s replay.csv, or shape columns + time_s")
+    sp.add_argument("--max-tokens", type=int, default=8192, help="score profile points up to this many tokens")
+    sp.add_argument("--out", default="runs/fidelity", help="report folder (default runs/fidelity)")
+    sp.add_argument("--no-plot", action="store_true")
+    sp.set_defaults(func=cmd_fidelity)
+
+    sp = sub.add_parser("import-profile", help="write a Vidur profile model as a table:PATH profile CSV")
+    sp.add_argument("source", metavar="vidur:GPU/MODEL|PATH")
+    sp.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    sp.add_argument("--out", required=True, help="CSV to write")
+    sp.set_defaults(func=cmd_import_profile)
+
     from llmsched_gym.data import add_subcommands as add_data
 
     add_data(sub)
+
     for extra in ("agents.cli", "llmsched_gym.backends.gpu.cli", "llmsched_gym.reproduce.cli"):
         _maybe_add(sub, extra)
     return p

@@ -25,7 +25,11 @@ Models (``make_latency`` spec in brackets; each instance's ``name`` is a spec th
 ``piecewise``          ``c + a * max(0, tokens - b0)`` (Li et al. 2025, cited by Ao et al. 2025)
 ``affine``             separate prefill and decode fits (Sheng et al. 2024's A10G profile)
 ``roofline:M/G``       max(compute, memory) + overhead from model and GPU specs
+``calibrated:M/G``     the roofline with mfu, mbu, overhead fitted to Vidur's measurements
+``vidur:G/M``          measured linear part + modelled attention (:mod:`.profile`)
+``profile:PATH``       the same from a Vidur-format ``mlp.csv``
 ``table:PATH``         interpolation in a measured profile (the GPU backend's CSV)
+``KIND:...``           a plug-in's model (``gpu:MODEL``, :func:`register_latency`)
 =====================  ================================================================
 """
 
@@ -33,8 +37,10 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -307,6 +313,83 @@ ROOFLINE_PRESETS: dict[str, tuple[str, str]] = {
 """Named roofline pairs for ``llmsched list``; any ``roofline:MODEL/GPU`` of known names works."""
 
 
+@dataclass(frozen=True)
+class CalibratedPreset:
+    """Roofline efficiencies fitted to a measured profile (:func:`llmsched_gym.core.profile.fit_roofline`).
+
+    :param model: model name.
+    :param gpu: GPU name (a multi-GPU name is the tensor-parallel group).
+    :param profile: the Vidur profile fitted (``vidur:GPU/MODEL``) at tensor-parallel degree ``tp``.
+    :param mape: mean absolute percentage error of the fitted linear part over the profile's
+        1 to 4,096 tokens (a fraction); ``worst`` the largest, at ``worst_tokens`` tokens.
+    :param note: where the efficiencies come from when not from this pair's own profile.
+    """
+
+    model: str
+    gpu: str
+    profile: str
+    tp: int
+    mfu: float
+    mbu: float
+    overhead_s: float
+    mape: float
+    worst: float
+    worst_tokens: int
+    note: str = ""
+
+    def describe(self) -> str:
+        fit = (f"MAPE {self.mape:.1%}, worst {self.worst:.0%} at {self.worst_tokens} tokens against {self.profile}"
+               + (f" TP {self.tp}" if self.tp > 1 else ""))
+        return (f"roofline, {self.model} on {self.gpu}, calibrated (mfu {self.mfu:.3f}, mbu {self.mbu:.2f}, "
+                f"{self.overhead_s * 1e3:.2f} ms overhead; " + (f"{self.note}; on that profile: " if self.note else "")
+                + fit + ")")
+
+
+CALIBRATED_PRESETS: dict[str, CalibratedPreset] = {
+    # fit_roofline on Vidur's profiles (microsoft/vidur 7d47513, data/profiling/compute); a test
+    # re-fits them when ../shared/profiles is present. mbu ends at its bound 1: the decode floor
+    # cannot tell bandwidth from fixed cost, and the fit puts the rest of it in overhead_s.
+    "calibrated:llama-2-7b/a100": CalibratedPreset(
+        "Llama-2-7B", "A100-80GB", "vidur:a100/llama-2-7b", 1, 0.6780, 1.0, 3.0764e-3, 0.0386, 0.333, 136),
+    "calibrated:llama-2-70b/2xa100": CalibratedPreset(
+        "Llama-2-70B", "A100x2", "vidur:a100/llama-2-70b", 2, 0.7148, 1.0, 2.3574e-2, 0.0386, 0.274, 1),
+    "calibrated:llama-3-8b/a100": CalibratedPreset(
+        "Llama-3-8B", "A100-80GB", "vidur:a100/llama-3-8b", 1, 0.7635, 1.0, 4.4450e-3, 0.0362, 0.270, 1),
+    "calibrated:llama-2-7b/h100": CalibratedPreset(
+        "Llama-2-7B", "H100-SXM", "vidur:h100/llama-2-7b", 1, 0.6773, 1.0, 3.3263e-3, 0.0567, 0.342, 2),
+    "calibrated:llama-2-70b/2xh100": CalibratedPreset(
+        "Llama-2-70B", "H100x2", "vidur:h100/llama-2-70b", 2, 0.6569, 1.0, 9.2892e-3, 0.0618, 0.323, 520),
+    "calibrated:llama-2-7b/a40": CalibratedPreset(
+        "Llama-2-7B", "A40", "vidur:a40/llama-2-7b", 1, 0.7350, 1.0, 1.0821e-2, 0.0388, 0.261, 1),
+    "calibrated:llama-3.1-8b/h100": CalibratedPreset(
+        "Llama-3.1-8B", "H100-SXM", "vidur:h100/llama-2-7b", 1, 0.6773, 1.0, 3.3263e-3, 0.0567, 0.342, 2,
+        "efficiencies of Llama-2-7B on H100 (Vidur has no Llama-3 profile on H100)"),
+}
+"""``calibrated:MODEL/GPU``: the roofline with efficiencies fitted to real measurements."""
+
+
+def calibrated_roofline(pair: str) -> RooflineLatency:
+    """The :class:`RooflineLatency` of ``calibrated:MODEL/GPU`` (see :data:`CALIBRATED_PRESETS`)."""
+    key = "calibrated:" + pair.strip().lower().removeprefix("calibrated:")
+    p = CALIBRATED_PRESETS.get(key)
+    if p is None:
+        raise ValueError(f"latency: unknown calibrated preset {key!r}; allowed: {', '.join(CALIBRATED_PRESETS)}")
+    model = RooflineLatency(p.model, p.gpu, p.mfu, p.mbu, p.overhead_s)
+    model.name = key
+    return model
+
+
+def _calibrated_fallback(profile: str, tp: int) -> RooflineLatency:
+    """Stand-in for a Vidur profile no copy is found of: the roofline calibrated on it."""
+    for key, p in CALIBRATED_PRESETS.items():
+        if p.profile == f"vidur:{profile.strip().lower()}" and p.tp == tp and not p.note:
+            warnings.warn(f"latency: vidur:{profile} not found ($LLMSCHED_DATA, ../shared/profiles); using {key} "
+                          f"(its fit to that profile: MAPE {p.mape:.1%})", stacklevel=4)
+            return calibrated_roofline(key)
+    raise ValueError(f"latency: vidur:{profile},tp={tp}: mlp.csv not found and no calibrated preset stands in; "
+                     "copy Vidur's data/profiling/compute/ into $LLMSCHED_DATA/vidur/")
+
+
 # --------------------------------------------------------------------------------------------
 # Measured profiles
 
@@ -566,7 +649,8 @@ def _kv_args(text: str, allowed: Sequence[str], kind: str) -> dict[str, float]:
 
 _ALLOWED = (
     "unit, linear[:d0=..,d1=..], piecewise[:c=..,a=..,b0=..], affine[:COEFF=..,...], "
-    "roofline:MODEL/GPU[,mfu=..,mbu=..,overhead_s=..], table:PATH, or a dict with 'type'"
+    "roofline:MODEL/GPU[,mfu=..,mbu=..,overhead_s=..], calibrated:MODEL/GPU, vidur:GPU/MODEL[,tp=N], "
+    "profile:PATH_OR_DIR[,tp=N], table:PATH, KIND:... of a plug-in (gpu), or a dict with 'type'"
 )
 
 
@@ -586,9 +670,28 @@ def _from_dict(spec: Mapping[str, Any]) -> LatencyModel:
             return RooflineLatency(**args)
         if kind == "table" and set(args) == {"path"}:
             return TableLatency.from_csv(args["path"])
+        if kind in ("calibrated", "vidur", "profile") and "name" in args:
+            opts = "".join(f",{k}={v}" for k, v in args.items() if k != "name")
+            return make_latency(f"{kind}:{args['name']}{opts}")
     except TypeError as e:
         raise ValueError(f"latency: bad arguments for {kind!r}: {e}") from None
     raise ValueError(f"latency: unknown model {dict(spec)!r}; allowed: {_ALLOWED}")
+
+
+LatencyFactory = Callable[[str], LatencyModel]
+
+LATENCY_PLUGINS: dict[str, tuple[LatencyFactory, str]] = {}
+"""Spec kinds that plug-ins add (``gpu`` from :mod:`llmsched_gym.backends.gpu`): kind ->
+(factory called with the text after ``KIND:``, a one-line description for ``llmsched list``)."""
+
+
+def register_latency(kind: str, factory: LatencyFactory, description: str) -> None:
+    """Let ``make_latency("KIND:ARGS")`` build a plug-in's model: ``factory("ARGS")``.
+
+    Core modules import no plug-in; a plug-in registers its kinds when its package is imported
+    (``llmsched_gym`` imports its bundled back-ends).
+    """
+    LATENCY_PLUGINS[kind.lower()] = (factory, description)
 
 
 def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
@@ -602,8 +705,11 @@ def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
         affine                                  affine:decode_base_s=0.02,decode_per_kv_s=1e-6
         roofline:llama-2-7b/a100                roofline:llama-3-8b/h100,mfu=0.6,overhead_s=0.002
         llama-2-7b/a100                         (same as roofline:llama-2-7b/a100)
+        calibrated:llama-2-7b/a100              (the roofline fitted to Vidur's A100 measurements)
+        vidur:a100/llama-2-7b                   vidur:a100/llama-2-70b,tp=2
+        profile:PATH/mlp.csv                    profile:PATH_DIR,tp=2,gpu=a100,overhead_s=0.001
         table:runs/profile/a100.csv
-        gpu:llama-3-8b                          (times each batch on the local GPU; needs torch)
+        gpu:llama-3-8b                          (a plug-in: times each batch on the local GPU; needs torch)
 
     Omitted keys keep the class defaults. Dicts use ``{"type": "linear", "d0": 0.01}``,
     ``{"type": "roofline", "model": "llama-3-8b", "gpu": "h100", "mfu": 0.6}``,
@@ -619,11 +725,14 @@ def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
     kind = kind.lower()
     if kind == "table" and rest:
         return TableLatency.from_csv(rest)
-    if kind == "gpu" and rest:
-        # the real-GPU backend (imports torch); nondeterministic, never fast-forwarded
-        from llmsched_gym.backends.gpu.backend import GPULatency
+    if kind in LATENCY_PLUGINS and rest:
+        return LATENCY_PLUGINS[kind][0](rest.strip())
+    if kind in ("profile", "vidur") and rest:
+        from llmsched_gym.core.profile import load_profile_model
 
-        return GPULatency(rest.strip())
+        return load_profile_model(kind, rest.strip(), _calibrated_fallback)
+    if kind == "calibrated" and rest:
+        return calibrated_roofline(rest)
     if kind == "unit" and not rest:
         return UnitLatency()
     if kind == "linear":
@@ -650,5 +759,13 @@ def list_latency_presets() -> dict[str, str]:
     }
     for name, (model, gpu) in ROOFLINE_PRESETS.items():
         presets[name] = f"roofline, {model} on {gpu} (mfu 0.5, mbu 0.8, 1.5 ms overhead; ours)"
+    for name, p in CALIBRATED_PRESETS.items():
+        presets[name] = p.describe()
+    presets["vidur:GPU/MODEL[,tp=N]"] = (
+        "measured linear part (Vidur's profiles: GPU a100, h100, a40; MODEL llama-2-7b, llama-2-70b, llama-3-8b) "
+        "+ attention and all-reduce from FLOPs and bytes; stands in with calibrated:MODEL/GPU when not found")
+    presets["profile:PATH_OR_DIR[,tp=N]"] = "the same from a Vidur-format mlp.csv (or its folder)"
     presets["table:PATH"] = "interpolate a measured profile CSV (" + ",".join(PROFILE_COLUMNS) + ")"
+    for kind, (_, description) in LATENCY_PLUGINS.items():
+        presets[f"{kind}:..."] = description
     return presets

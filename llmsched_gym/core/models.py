@@ -73,6 +73,8 @@ class GPUSpec:
     :param hbm_tb_s: HBM bandwidth per GPU, TB/s (10**12 bytes/s).
     :param count: GPUs in the tensor-parallel group.
     :param pcie_gb_s: host link per GPU, GB/s per direction (nominal; used for swap cost).
+    :param nvlink_gb_s: GPU-to-GPU link per GPU, GB/s per direction (0: none, PCIe is used);
+        the tensor-parallel all-reduce cost of the profile model.
     """
 
     name: str
@@ -81,6 +83,7 @@ class GPUSpec:
     hbm_tb_s: float
     count: int = 1
     pcie_gb_s: float = 32.0
+    nvlink_gb_s: float = 0.0
 
     @property
     def memory_bytes(self) -> float:
@@ -110,16 +113,18 @@ MODELS: dict[str, ModelSpec] = {
 GPUS: dict[str, GPUSpec] = {
     g.name.lower(): g
     for g in (
-        GPUSpec("A100-80GB", memory_gb=80.0, tflops=312.0, hbm_tb_s=2.039, pcie_gb_s=32.0),
-        GPUSpec("A100x2", memory_gb=80.0, tflops=312.0, hbm_tb_s=2.039, count=2, pcie_gb_s=32.0),
-        GPUSpec("H100-SXM", memory_gb=79.6, tflops=989.0, hbm_tb_s=3.35, pcie_gb_s=64.0),
-        GPUSpec("H200", memory_gb=140.4, tflops=989.0, hbm_tb_s=4.8, pcie_gb_s=64.0),
+        GPUSpec("A100-80GB", memory_gb=80.0, tflops=312.0, hbm_tb_s=2.039, pcie_gb_s=32.0, nvlink_gb_s=300.0),
+        GPUSpec("A100x2", memory_gb=80.0, tflops=312.0, hbm_tb_s=2.039, count=2, pcie_gb_s=32.0, nvlink_gb_s=300.0),
+        GPUSpec("H100-SXM", memory_gb=79.6, tflops=989.0, hbm_tb_s=3.35, pcie_gb_s=64.0, nvlink_gb_s=450.0),
+        GPUSpec("H100x2", memory_gb=79.6, tflops=989.0, hbm_tb_s=3.35, count=2, pcie_gb_s=64.0, nvlink_gb_s=450.0),
+        GPUSpec("H200", memory_gb=140.4, tflops=989.0, hbm_tb_s=4.8, pcie_gb_s=64.0, nvlink_gb_s=450.0),
+        GPUSpec("A40", memory_gb=44.99, tflops=149.7, hbm_tb_s=0.696, pcie_gb_s=32.0, nvlink_gb_s=56.25),
         GPUSpec("A10G", memory_gb=22.5, tflops=125.0, hbm_tb_s=0.6, pcie_gb_s=32.0),
         GPUSpec("L20", memory_gb=45.0, tflops=119.5, hbm_tb_s=0.864, pcie_gb_s=32.0),
     )
 }
 
-GPU_ALIASES: dict[str, str] = {"a100": "a100-80gb", "2xa100": "a100x2", "h100": "h100-sxm"}
+GPU_ALIASES: dict[str, str] = {"a100": "a100-80gb", "2xa100": "a100x2", "h100": "h100-sxm", "2xh100": "h100x2"}
 """Short names accepted wherever a GPU name is (``roofline:llama-2-7b/a100``)."""
 
 REFERENCE_CAPACITY_TOKENS: dict[tuple[str, str], int] = {

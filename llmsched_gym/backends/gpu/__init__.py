@@ -10,5 +10,16 @@ See README.md in this folder.
 """
 
 from llmsched_gym.backends.gpu.config import PRESETS, LlamaConfig, get_config
+from llmsched_gym.core.latency import LatencyModel, register_latency
+
+
+def _gpu_latency(model: str) -> LatencyModel:
+    # imports torch; nondeterministic, never fast-forwarded
+    from llmsched_gym.backends.gpu.backend import GPULatency
+
+    return GPULatency(model)
+
+
+register_latency("gpu", _gpu_latency, "time each batch on the local GPU with a random-weight MODEL (needs torch)")
 
 __all__ = ["PRESETS", "LlamaConfig", "get_config"]
