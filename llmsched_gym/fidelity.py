@@ -42,14 +42,13 @@ from llmsched_gym.core.latency import (
 from llmsched_gym.core.models import get_gpu, get_model
 from llmsched_gym.core.profile import (
     FIT_MAX_TOKENS,
-    VIDUR_GPUS,
-    VIDUR_MODELS,
     LinearProfile,
     ProfileLatency,
     find_profile,
     fit_roofline,
     loo_errors,
     read_vidur_mlp,
+    vidur_names,
 )
 
 BUILTIN_PAIRS: dict[str, tuple[str, str]] = {"linear": ("Llama-2-7B", "A100-80GB"),
@@ -77,19 +76,18 @@ def load_profiles(sources: list[str] | None = None, tps: tuple[int, ...] | None 
     :raises ValueError: a named source is not found or a TP degree is in none of them.
     """
     if sources is None:
-        sources = [f"vidur:{g}/{m}" for g in VIDUR_GPUS for m in VIDUR_MODELS if find_profile(f"vidur:{g}/{m}")]
+        sources = [name for name in vidur_names() if find_profile(name)]
     out = []
     for src in sources:
         path = find_profile(src) if src.startswith("vidur:") else Path(src)
         if path is None:
-            raise ValueError(f"fidelity: profile {src}: mlp.csv not found (copy Vidur's data/profiling/compute/ "
-                             "into $LLMSCHED_DATA/vidur/)")
+            raise ValueError(f"fidelity: profile {src}: mlp.csv not found; `llmsched data download {src}`")
         for tp, prof in read_vidur_mlp(str(path)).items():
             if tps is None or tp in tps:
                 out.append((src if src.startswith("vidur:") else f"profile:{src}", prof))
     if not out:
         raise ValueError(f"fidelity: no profile at tp in {tps}" if sources else
-                         "fidelity: no profile found; pass --profile PATH or set $LLMSCHED_DATA (Vidur's layout)")
+                         "fidelity: no profile found; `llmsched data download vidur:a100/llama-2-7b` (or --profile PATH)")
     return out
 
 
@@ -300,8 +298,7 @@ def import_profile(source: str, out: str | Path, tp: int = 1) -> Path:
     spec = f"{source}{',tp=' + str(tp) if tp != 1 else ''}"
     model = make_latency(spec if kind == "vidur" else f"profile:{spec}")
     if not isinstance(model, ProfileLatency):
-        raise ValueError(f"fidelity: {source}: mlp.csv not found (copy Vidur's data/profiling/compute/ into "
-                         "$LLMSCHED_DATA/vidur/)")
+        raise ValueError(f"fidelity: {source}: mlp.csv not found; `llmsched data download {source}`")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     TableLatency(profile_to_rows(model), model.name).to_csv(out)

@@ -13,7 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmsched_gym import data
 from llmsched_gym.cli import main
+from llmsched_gym.core import latency as latency_mod
 from llmsched_gym.core import profile as prof_mod
 from llmsched_gym.core.latency import (
     CALIBRATED_PRESETS,
@@ -159,30 +161,32 @@ def test_profile_errors_name_the_field(tmp_path: Path, vidur_dir: Path, capsys):
     with pytest.raises(ProfileError, match="cannot tell the GPU"):
         make_latency(f"profile:{nogpu}")
     assert make_latency(f"profile:{nogpu},gpu=h100").profile.gpu.name == "H100-SXM"
-    with pytest.raises(ProfileError, match="unknown profile 'vidur:b200/llama-2-7b'"):
+    with pytest.raises(ProfileError, match="unknown profile 'vidur:b200/llama-2-7b'; allowed: vidur:a100/llama-2-7b"):
         make_latency("vidur:b200/llama-2-7b")
     assert main(["run", "--scenario", "klpm-toy", "--latency", f"profile:{vidur_dir},tp=3", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tp=3 not measured" in err[0]
 
 
-def test_vidur_names_resolve_through_data_dir_or_fall_back(tmp_path: Path, monkeypatch, vidur_dir: Path):
-    monkeypatch.setattr(prof_mod, "_search_roots", lambda: [tmp_path / "data"])
-    # not found: the scenarios' stand-in is the roofline calibrated on that profile, with a warning
-    with pytest.warns(UserWarning, match="vidur:a100/llama-2-7b not found.*using calibrated:llama-2-7b/a100"):
-        assert make_latency("vidur:a100/llama-2-7b").name == "calibrated:llama-2-7b/a100"
-    with pytest.warns(UserWarning):
-        assert make_latency("vidur:a100/llama-2-70b,tp=2").name == "calibrated:llama-2-70b/2xa100"
+def test_vidur_names_resolve_through_the_data_cache_or_fall_back(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setattr(data, "shared_roots", lambda: [])
+    monkeypatch.setenv("LLMSCHED_DATA", str(tmp_path / "cache"))
+    monkeypatch.setattr(latency_mod, "_NOTIFIED", set())
+    # not found: the scenarios' stand-in is the roofline calibrated on that profile, said once
+    assert make_latency("vidur:a100/llama-2-7b").name == "calibrated:llama-2-7b/a100"
+    assert make_latency("vidur:A100/llama-2-7b").name == "calibrated:llama-2-7b/a100"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["vidur:a100/llama-2-7b: measured profile not found, using calibrated:llama-2-7b/a100 (its fit to "
+                   "that profile: MAPE 3.9%); `llmsched data download vidur:a100/llama-2-7b`"]
+    assert make_latency("vidur:a100/llama-2-70b,tp=2").name == "calibrated:llama-2-70b/2xa100"
     with pytest.raises(ValueError, match="no calibrated preset stands in"):
         make_latency("vidur:a100/llama-2-70b,tp=4")
-    # found in the data folder, in Vidur's layout
-    write_vidur(tmp_path / "data" / "vidur" / "a100" / "meta-llama" / "Llama-2-7b-hf", [(1, 1), (64, 1), (512, 1)])
-    assert find_profile("vidur:a100/llama-2-7b") == tmp_path / "data" / "vidur" / "a100" / "meta-llama" / "Llama-2-7b-hf"
+    # found in the cache, where `llmsched data download` puts it
+    folder = tmp_path / "cache" / "profiles" / "vidur" / "a100" / "meta-llama" / "Llama-2-7b-hf"
+    write_vidur(folder, [(1, 1), (64, 1), (512, 1)])
+    assert find_profile("vidur:a100/llama-2-7b") == folder
     m = make_latency("vidur:a100/llama-2-7b")
     assert isinstance(m, ProfileLatency) and m.name == "vidur:a100/llama-2-7b"
-    # a data command's lookup is tried first
-    monkeypatch.setattr(prof_mod, "DATA_LOOKUP", lambda name: vidur_dir)
-    assert make_latency("vidur:a100/llama-2-7b").profile.source == str(vidur_dir / "mlp.csv")
 
 
 def test_latency_registry_and_core_imports_no_plugin():
@@ -272,7 +276,7 @@ def test_fidelity_scores_measured_iterations(tmp_path: Path, capsys):
 def shared_profiles(monkeypatch) -> None:
     if not PROFILES.is_dir():
         pytest.skip("../shared/profiles is absent")
-    monkeypatch.setattr(prof_mod, "_search_roots", lambda: [PROFILES])
+    monkeypatch.setattr(data, "shared_roots", lambda: [PROFILES.parent])
 
 
 @pytest.mark.parametrize(("name", "tps"), SHARED)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import csv
 import math
-import warnings
+import sys
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -379,15 +379,21 @@ def calibrated_roofline(pair: str) -> RooflineLatency:
     return model
 
 
+_NOTIFIED: set[str] = set()
+
+
 def _calibrated_fallback(profile: str, tp: int) -> RooflineLatency:
-    """Stand-in for a Vidur profile no copy is found of: the roofline calibrated on it."""
+    """Stand-in for a Vidur profile no copy is found of: the roofline calibrated on it, said once
+    per process on stderr (as a missing trace's synthetic stand-in is)."""
     for key, p in CALIBRATED_PRESETS.items():
         if p.profile == f"vidur:{profile.strip().lower()}" and p.tp == tp and not p.note:
-            warnings.warn(f"latency: vidur:{profile} not found ($LLMSCHED_DATA, ../shared/profiles); using {key} "
-                          f"(its fit to that profile: MAPE {p.mape:.1%})", stacklevel=4)
+            if profile not in _NOTIFIED:
+                _NOTIFIED.add(profile)
+                print(f"vidur:{profile}: measured profile not found, using {key} (its fit to that profile: MAPE "
+                      f"{p.mape:.1%}); `llmsched data download vidur:{profile}`", file=sys.stderr)
             return calibrated_roofline(key)
     raise ValueError(f"latency: vidur:{profile},tp={tp}: mlp.csv not found and no calibrated preset stands in; "
-                     "copy Vidur's data/profiling/compute/ into $LLMSCHED_DATA/vidur/")
+                     f"`llmsched data download vidur:{profile}`")
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,9 +26,9 @@ the fraction of HBM bandwidth the projections reach streaming their weights at o
 :mod:`llmsched_gym.core.latency`): ``mfu``, ``mbu``, ``overhead_s`` minimising the mean absolute
 percentage error of the roofline's linear part against a profile.
 
-Named profiles (``vidur:a100/llama-2-7b``) are looked up by :func:`find_profile`: an explicit
-path, then ``$LLMSCHED_DATA/vidur/...``, then ``../shared/profiles/vidur/...`` relative to the
-repository or the current directory, each in Vidur's own layout.
+Named profiles (``vidur:a100/llama-2-7b``) are the ones ``llmsched data`` knows; ``llmsched data
+download vidur:a100/llama-2-7b`` fetches one from Vidur's repository into the user cache, and
+:func:`find_profile` looks there and in ``../shared/profiles`` (:func:`llmsched_gym.data.resolve_data`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from __future__ import annotations
 import csv
 import functools
 import math
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,13 +60,6 @@ VIDUR_LAYER_OPS = (
 
 VIDUR_PROJECTIONS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 """The layer's matrix multiplications (their weights are the bytes a one-token batch streams)."""
-
-VIDUR_MODELS: dict[str, str] = {
-    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
-    "llama-2-70b": "meta-llama/Llama-2-70b-hf",
-    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
-}
-"""Our model names -> Vidur's folder under ``data/profiling/compute/GPU/``."""
 
 VIDUR_GPUS: dict[str, str] = {"a100": "A100-80GB", "h100": "H100-SXM", "a40": "A40"}
 """Vidur's GPU folder names -> our :data:`~llmsched_gym.core.models.GPUS` names."""
@@ -200,46 +192,28 @@ def read_vidur_mlp(path: str | Path, model: str | None = None, gpu: str | None =
 # Finding named profiles
 
 
-def _search_roots() -> list[Path]:
-    roots = []
-    if os.environ.get("LLMSCHED_DATA"):
-        roots.append(Path(os.environ["LLMSCHED_DATA"]))
-    repo = Path(__file__).resolve().parents[2]
-    roots += [repo.parent / "shared" / "profiles", Path.cwd().parent / "shared" / "profiles"]
-    return roots
+def vidur_names() -> list[str]:
+    """The Vidur profiles ``llmsched data`` knows (``vidur:a100/llama-2-7b``, ...)."""
+    from llmsched_gym import data
 
-
-DATA_LOOKUP: Callable[[str], Path | None] | None = None
-"""Hook for a data command: maps ``vidur:GPU/MODEL`` to a local folder (or None); tried first."""
-
-
-def vidur_relpath(name: str) -> Path:
-    """``vidur:a100/llama-2-7b`` -> ``vidur/a100/meta-llama/Llama-2-7b-hf`` (Vidur's layout)."""
-    body = name.removeprefix("vidur:")  # a bare GPU/MODEL is accepted too
-    gpu, slash, model = body.partition("/")
-    gpu, model = gpu.strip().lower(), model.strip().lower()
-    if not slash or gpu not in VIDUR_GPUS or model not in VIDUR_MODELS:
-        raise ProfileError(f"latency: unknown profile {name!r}; allowed: vidur:GPU/MODEL with GPU one of "
-                           f"{', '.join(VIDUR_GPUS)} and MODEL one of {', '.join(VIDUR_MODELS)}")
-    return Path("vidur") / gpu / VIDUR_MODELS[model]
+    return [name for name in data.DATASETS if name.startswith("vidur:")]
 
 
 def find_profile(name: str) -> Path | None:
     """The folder holding ``mlp.csv`` for ``vidur:GPU/MODEL``, or None when no copy is found.
 
-    Looks in :data:`DATA_LOOKUP`, ``$LLMSCHED_DATA``, then ``../shared/profiles`` (relative to
-    the repository and to the current directory). Get the files from Vidur's repository
-    (``data/profiling/compute/``) into ``$LLMSCHED_DATA/vidur/``.
+    Looked up by :func:`llmsched_gym.data.resolve_data`: the user cache (``$LLMSCHED_DATA``,
+    filled by ``llmsched data download vidur:GPU/MODEL``), then ``../shared/profiles``.
+
+    :raises ProfileError: an unknown name (the message lists the known ones).
     """
-    rel = vidur_relpath(name)
-    if DATA_LOOKUP is not None:
-        hit = DATA_LOOKUP(name)
-        if hit is not None:
-            return hit
-    for root in _search_roots():
-        if (root / rel / "mlp.csv").is_file():
-            return root / rel
-    return None
+    from llmsched_gym import data
+
+    key = "vidur:" + name.strip().lower().removeprefix("vidur:")
+    if key not in vidur_names():
+        raise ProfileError(f"latency: unknown profile {key!r}; allowed: {', '.join(vidur_names())}")
+    path = data.resolve_data(key)
+    return None if path is None else path.parent
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,13 +433,12 @@ def load_profile_model(kind: str, rest: str, fallback: Callable[[str, int], Late
         raise ProfileError(f"latency: {kind} tp must be an integer and mfu, mbu, overhead_s numbers; got {rest!r}"
                            ) from None
     if kind == "vidur":
-        found = find_profile(f"vidur:{head}")
+        head = head.lower()
+        found = find_profile(head)
         if found is None:
             if fallback is not None:
                 return fallback(head, tp)
-            roots = ", ".join(str(r / vidur_relpath(f"vidur:{head}")) for r in _search_roots())
-            raise ProfileError(f"latency: vidur:{head}: mlp.csv not found (looked in {roots}); copy Vidur's "
-                               "data/profiling/compute/ into $LLMSCHED_DATA/vidur/")
+            raise ProfileError(f"latency: vidur:{head}: mlp.csv not found; `llmsched data download vidur:{head}`")
         path = found
     else:
         path = Path(head)
