@@ -84,7 +84,7 @@ class DecisionPoint:
         self.sel_set: set[int] = set()
         self.victims: list[int] = []
         self.sel_tokens = 0
-        self.arrays = None
+        self.running_ok = False
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prefill target, remaining output or swap state changed."""
@@ -114,17 +114,17 @@ class DecisionPoint:
         self.sel_peaks = 0
         self.victims = []
         self.released = 0
+        self.running_ok = False
         self.residents_ok = False
         self.profile_ok = False
         self.row_upto = self.room_upto = 0
-        self.arrays = None
         running = e.running
         growth = 0
         if running:
             if self.bs == 1 and not e.n_in_prefill:
                 growth = len(running)
             else:
-                growth = self.running_growth()
+                growth = self.running_set()
         self.free = self.cap_blocks - e.kv.used_blocks - growth
         w = e.waiting
         if not w:
@@ -150,28 +150,86 @@ class DecisionPoint:
         self.qpos = len(slots)
         self.fill_slots(slots)
 
-    def running_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The surviving running requests as arrays (cached until a preemption is chosen): ids, KV
-        tokens, unfinished-prefill mask, prompt tokens still owed."""
-        if self.arrays is None:
-            run = np.array(self.survivors(), np.int64)
-            kvt = self.kvt[run]
-            if self.e.n_in_prefill:
-                left = self.target[run] - self.prefilled[run]
-            else:
-                left = np.zeros(len(run), np.int64)
-            self.arrays = (run, kvt, left > 0, left)
-        return self.arrays
+    def running_set(self) -> int:
+        """Arrays of the surviving running requests, computed once per boundary (a preemption
+        removes its victim in place, :meth:`drop_running`): each one's Eq. (1) line (remaining
+        output ``rem``, base ``line_base``, see :meth:`residents`), the prompt tokens it still owes
+        and the batch shape (:meth:`batch_shape`). Returns the blocks they add next iteration."""
+        e, bs, emit, pad = self.e, self.bs, self.emit, self.pad
+        self.running_ok = True
+        self.residents_ok = False
+        run = self.survivors()
+        self.run_list = run
+        ids = np.array(run, np.int64)
+        kvt = self.kvt[ids]
+        rem = self.pred[ids] - self.gen[ids]
+        np.maximum(rem, 1, out=rem)
+        n = len(run)
+        if e.n_in_prefill:
+            pf = self.prefilled[ids]
+            left = self.target[ids] - pf  # 0 for a decode
+            mid = left > 0
+            n_mid = int(np.count_nonzero(mid))
+            # an unfinished prefill is a line like a candidate's (cand_c, cand_b): base KV +
+            # owed + emitted - 1; a decode's is its KV (owed 0), so one formula when prefill
+            # emits a token
+            base = kvt + left
+            if pad:
+                base += pad
+            if not emit:
+                base -= mid
+                rem += mid
+            self.shape = (n - n_mid, int(kvt.sum()) - int(kvt[mid].sum()), n_mid, int(left.sum()), int(pf[mid].sum()))
+            self.run_ids, self.run_left = ids, left
+        else:
+            base = kvt + pad if pad else kvt
+            self.shape = (n, int(kvt.sum()), 0, 0, 0)
+            self.run_left = None
+        # blocks(x) = -(-x // bs); a request adds blocks(KV + owed + emitted) - blocks(KV), where
+        # a decode emits 1 and an unfinished prefill 1 on its last chunk if prefill emits a token:
+        # KV + owed + emitted = base - pad + 1 in both cases
+        if bs == 1:
+            growth = n + self.shape[3] - (0 if emit else self.shape[2])
+        else:
+            growth = int(((base + 1) // bs - (kvt + pad) // bs).sum())
+        self.n_run = n
+        self.rem, self.line_base = rem, base
+        return growth
 
-    def running_growth(self) -> int:
-        """Blocks the surviving running requests add next iteration: an unfinished prefill
-        blocks(KV + owed + emitted) - blocks(KV), with blocks(x) = -(-x // bs); a decode one block
-        when its last one is full."""
-        run, kvt, mid, left = self.running_arrays()
-        bs = self.bs
-        if self.e.n_in_prefill:
-            return int(np.where(mid, -(-(kvt + left + self.emit) // bs) + (-kvt // bs), kvt % bs == 0).sum())
-        return int(np.count_nonzero(kvt % bs == 0))
+    def drop_running(self, rid: int) -> None:
+        """Take running request ``rid`` (chosen for preemption) out of :meth:`running_set`'s arrays."""
+        i = self.run_list.index(rid)
+        self.run_list = self.run_list[:i] + self.run_list[i + 1:]
+        self.rem = np.concatenate((self.rem[:i], self.rem[i + 1:]))
+        self.line_base = np.concatenate((self.line_base[:i], self.line_base[i + 1:]))
+        n_dec, dec_ctx, n_mid, owed, mid_ctx = self.shape
+        if self.run_left is not None:
+            self.run_ids = np.concatenate((self.run_ids[:i], self.run_ids[i + 1:]))
+            self.run_left = np.concatenate((self.run_left[:i], self.run_left[i + 1:]))
+        left = int(self.target[rid] - self.prefilled[rid])
+        if left > 0:
+            self.shape = (n_dec, dec_ctx, n_mid - 1, owed - left, mid_ctx - int(self.prefilled[rid]))
+        else:
+            self.shape = (n_dec - 1, dec_ctx - int(self.kvt[rid]), n_mid, owed, mid_ctx)
+        self.n_run -= 1
+        self.residents_ok = False
+
+    def unfinished_prefills(self) -> tuple[list[int], list[int]]:
+        """The surviving running requests with an unfinished prefill, in admission order, and the
+        prompt tokens each still owes."""
+        if not self.running_ok:
+            self.running_set()
+        if not self.shape[2]:
+            return [], []
+        mid = self.run_left > 0
+        return self.run_ids[mid].tolist(), self.run_left[mid].tolist()
+
+    def batch_shape(self) -> tuple[int, int, int, int, int]:
+        """Decodes and their KV tokens (context), unfinished prefills, the prompt tokens they still
+        owe and their context, of the surviving running requests."""
+        if not self.running_ok:
+            self.running_set()
+        return self.shape
 
     def growth(self, rid: int) -> int:
         """Blocks running request ``rid`` adds in the next iteration if it runs: a decode's new
@@ -257,8 +315,8 @@ class DecisionPoint:
         held = -(-int(self.kvt[rid]) // self.bs) - int(self.e.kv.shared[rid])  # shared prefix blocks stay
         self.free += held + self.growth(rid)
         self.released += held
-        self.arrays = None
-        self.residents_ok = False
+        if self.running_ok:
+            self.drop_running(rid)
         self.profile_ok = False
         self.room_upto = 0
         self.fill_slots(self.slots)
@@ -290,22 +348,18 @@ class DecisionPoint:
     # ------------------------------------------------------------------------------------------
     # the running requests and the future rule
     def residents(self) -> None:
-        """Arrays of the running requests (KV, remaining-output histogram) and their Eq. (1)
-        profile (lines sorted by completion point). An unfinished prefill counts at its full
-        prompt; requests chosen for preemption are left out."""
+        """The running requests' remaining-output histogram and their Eq. (1) profile (lines
+        sorted by completion point). An unfinished prefill counts at its full prompt; requests
+        chosen for preemption are left out."""
         if self.residents_ok:
             return
+        if not self.running_ok:
+            self.running_set()
         self.residents_ok = True
-        e = self.e
-        run, kv, mid, left = self.running_arrays()
-        rem = np.maximum(self.pred[run] - self.gen[run], 1)
-        if e.n_in_prefill:  # an unfinished prefill is a line like a candidate's (see cand_c, cand_b)
-            kv = np.where(mid, kv + left + self.emit - 1, kv)
-            rem = np.where(mid, rem + 1 - self.emit, rem)
-        self.n_run = len(run)
+        rem = self.rem
         self.run_hist = np.bincount(_EDGES_ARRAY.searchsorted(rem, side="right"), minlength=N_BINS)
         # sort the lines by completion point: one sort of (c, base) packed into an int64
-        packed = np.sort((rem << 32) | (kv + self.pad))
+        packed = np.sort((rem << 32) | self.line_base)
         self.line_c = packed >> 32
         self.line_b = packed & 0xFFFFFFFF
         self.fp_run.build(self.line_c, self.line_b)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import time
 from typing import Any
 
@@ -10,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 
 from llmsched_gym.core.batching import BatchBuilder
-from llmsched_gym.core.engine import WAITING, Engine
+from llmsched_gym.core.engine import RUNNING, WAITING, Engine
 from llmsched_gym.core.metrics import summarize
 from llmsched_gym.core.scenarios import apply_overrides, get_scenario
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
@@ -304,7 +305,6 @@ class LLMSchedEnv(gym.Env):
         self.set_expert(expert)
         self._tracker = RewardTracker(self.weights)
         self._experts = ExpertReplay(self)
-        self._shape_key: tuple | None = None
         self._history: list[tuple[float, float, int]] = []
         self.engine: Engine | None = None
         self._ended = True
@@ -365,34 +365,50 @@ class LLMSchedEnv(gym.Env):
     # ------------------------------------------------------------------------------------------
     # batches: formed by the shared builder
     def form(self, budget: int | None, admit: list[int]) -> BatchPlan:
-        """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry)."""
-        if budget is None and not self.dp.victims and not self.engine.n_in_prefill:
-            return BatchPlan(prefill={r: BatchPlan.FULL for r in admit})  # what the builder forms, faster
-        b = BatchBuilder(self.engine.view, budget, reserve=False, preempted=self.dp.victims)
-        b.decode_first(preempt=False)
-        b.continue_prefills()
-        for rid in admit:
-            b.admit(rid, check=False)
-        plan = b.plan()
-        plan.hold = False
-        return plan
+        """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry):
+        what :class:`~llmsched_gym.core.batching.BatchBuilder` forms (``reserve=False``, no
+        memory check), computed from the decision point's running set unless a decode is paused."""
+        e, dp = self.engine, self.dp
+        if budget is None and not dp.victims and not e.n_in_prefill:
+            return BatchPlan(prefill={r: BatchPlan.FULL for r in admit})
+        n_dec = dp.batch_shape()[0]
+        if budget is not None and budget < n_dec:  # decodes paused: the builder's own phases
+            b = BatchBuilder(e.view, budget, reserve=False, preempted=dp.victims)
+            b.decode_first(preempt=False)
+            b.continue_prefills()
+            for rid in admit:
+                b.admit(rid, check=False)
+            plan = b.plan()
+            plan.hold = False
+            return plan
+        # decodes first, then unfinished prefills in admission order, then the admissions, each
+        # with a chunk of what the budget leaves
+        left = math.inf if budget is None else budget - n_dec
+        prefill: dict[int, int] = {}
+        for rid, owed in zip(*dp.unfinished_prefills(), strict=True):
+            if left <= 0:
+                break
+            c = owed if owed <= left else left
+            prefill[rid] = c
+            left -= c
+        if budget is None:
+            for rid in admit:
+                prefill[rid] = BatchPlan.FULL
+        elif left > 0:
+            target, match = e.prefill_target, e.kv.match_tokens
+            for rid in admit:
+                c = int(target[rid]) - match(rid)
+                if c >= left:
+                    prefill[rid] = left
+                    break
+                prefill[rid] = c
+                left -= c
+        return BatchPlan(prefill=prefill, preempt=list(dp.victims))
 
     def batch_shape(self) -> tuple[int, int, int, int, int]:
-        """Decodes and their context, unfinished prefills, tokens owed and their context (now;
-        cached until the boundary or its preemptions change)."""
-        dp = self.dp
-        key = (self._episode, dp.bid, len(dp.victims))
-        if key == self._shape_key:
-            return self._shape
-        run, kvt, mid, left = dp.running_arrays()
-        if not self.engine.n_in_prefill:
-            shape = len(run), int(kvt.sum()), 0, 0, 0
-        else:
-            dec = ~mid
-            shape = (int(np.count_nonzero(dec)), int(kvt[dec].sum()), int(np.count_nonzero(mid)), int(left.sum()),
-                     int(self.engine.prefilled[run[mid]].sum()))
-        self._shape_key, self._shape = key, shape
-        return shape
+        """Decodes and their context, unfinished prefills, tokens owed and their context (now,
+        less the requests chosen for preemption)."""
+        return self.dp.batch_shape()
 
     # ------------------------------------------------------------------------------------------
     # gymnasium API
@@ -560,16 +576,18 @@ class LLMSchedEnv(gym.Env):
         """Running requests that got neither a token nor a chunk since when (the ``stall`` feature)."""
         e = self.engine
         st = self.stalled
-        running = set(e.running)
-        for r in list(st):
-            if r not in running or (r not in plan.pause and (r in plan.prefill or e.prefilled[r] >= e.prefill_target[r])):
-                del st[r]
+        if st:
+            state, prefilled, target = e.state, e.prefilled, e.prefill_target
+            for r in list(st):
+                if state[r] != RUNNING or (r not in plan.pause and (r in plan.prefill or prefilled[r] >= target[r])):
+                    del st[r]
         for r in plan.pause:
-            if r in running:
+            if e.state[r] == RUNNING:
                 st.setdefault(r, t0)
         if e.n_in_prefill:
-            for r in e.running:
-                if e.prefilled[r] < e.prefill_target[r] and r not in plan.prefill:
+            run = np.array(e.running, np.int64)
+            for r in run[e.prefilled[run] < e.prefill_target[run]].tolist():
+                if r not in plan.prefill:
                     st.setdefault(r, t0)
 
     def _refresh_request(self, rid: int) -> None:
