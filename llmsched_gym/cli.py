@@ -34,11 +34,11 @@ def _split_policy_sets(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows each option's default, except for flags and options whose help text says
-    what leaving them out means (default ``None``)."""
+    """``--help`` shows each option's default, except for flags, repeatable options that start
+    empty, and options whose help text says what leaving them out means (default ``None``)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or isinstance(action.default, bool):
+        if action.default is None or isinstance(action.default, bool) or action.default == []:
             return action.help
         return super()._get_help_string(action)
 

@@ -15,24 +15,28 @@ from llmsched_gym.backends.gpu.config import PRESETS
 
 def add_gpu_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``gpu`` command with its ``calibrate`` and ``replay`` subcommands."""
-    gpu = subparsers.add_parser("gpu", help="time batches on a real GPU: calibrate, replay")
+    from llmsched_gym.cli import HelpFormatter as fmt
+
+    gpu = subparsers.add_parser("gpu", help="time batches on a real GPU: calibrate, replay", formatter_class=fmt)
     sub = gpu.add_subparsers(dest="gpu_command", required=True)
 
     def common(p: argparse.ArgumentParser, out: str) -> None:
         p.add_argument("--model", required=True, help=f"model shape: {', '.join(PRESETS)}")
         p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-        p.add_argument("--out", default=out, help=f"output folder (default {out})")
+        p.add_argument("--out", default=out, help="output folder")
 
-    cal = sub.add_parser("calibrate", help="profile prefill/decode grids, write profile.csv, fit models")
+    cal = sub.add_parser("calibrate", help="profile prefill/decode grids, write profile.csv, fit models",
+                         formatter_class=fmt)
     common(cal, "runs/gpu/calibrate")
     cal.add_argument("--quick", action="store_true", help="a small grid (minutes on CPU, seconds on GPU)")
     cal.set_defaults(func=_calibrate)
 
-    rep = sub.add_parser("replay", help="re-execute an iteration log and score batch-time models")
+    rep = sub.add_parser("replay", help="re-execute an iteration log and score batch-time models",
+                         formatter_class=fmt)
     rep.add_argument("iteration_log", help="CSV written by `llmsched run --log-iterations PATH --log-batches`")
     common(rep, "runs/gpu/replay")
     rep.add_argument("--calibration", help="a calibrate output folder: score its affine and table models")
-    rep.add_argument("--latency", action="append", default=[], help="a latency preset to score (repeatable)")
+    rep.add_argument("--latency", action="append", default=[], help="a latency preset to score (repeatable; default: none)")
     rep.set_defaults(func=_replay)
 
 
