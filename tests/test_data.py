@@ -269,3 +269,15 @@ def test_data_list_shows_every_known_file(clone, capsys):
     for ds in D.DATASETS.values():
         assert f"{ds.name}  {ds.size:,} bytes  not present" in out and ds.sha256 in out
     assert "licence: CC-BY-4.0; cite: Patel et al. 2024" in out
+
+
+def test_the_compare_report_says_synthetic(clone, tmp_path):
+    from agents.evaluate import compare
+
+    compare("azure-conv", [0], [1.0], ["fcfs"], [], {"workload.n_requests": 30}, None, tmp_path / "cmp",
+            plots=False, quiet=True)
+    title = (tmp_path / "cmp" / "report.md").read_text().splitlines()[0]
+    assert title == "# azure-conv (synthetic stand-in for azure-conv): policies on identical seeded workloads"
+    src = {"kind": "synthetic", "name": "azure-conv", "sha256": None}
+    assert D.synthetic_note(src) == " (synthetic stand-in for azure-conv)"
+    assert D.synthetic_note({"kind": "trace", "name": "azure-conv", "sha256": "x"}) == ""
