@@ -230,6 +230,7 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
     have = part.stat().st_size if part.is_file() else 0
+    cut_short = False  # the server promised more bytes (Content-Length) than arrived
     if have < ds.size:
         request = urllib.request.Request(src, headers={"User-Agent": "llmsched-gym"})
         if have:
@@ -238,9 +239,13 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
             with urllib.request.urlopen(request, timeout=timeout_s) as resp:
                 resumed = have > 0 and getattr(resp, "status", None) == 206
                 say(f"{ds.name}: {'resuming at byte ' + format(have, ',') if resumed else 'downloading'} from {src}")
+                promised, received = resp.headers.get("Content-Length"), 0
                 with part.open("ab" if resumed else "wb") as f:
                     for chunk in iter(lambda: resp.read(1 << 16), b""):
                         f.write(chunk)
+                        received += len(chunk)
+                # http.client does not always raise when the connection ends early
+                cut_short = promised is not None and promised.isdigit() and received < int(promised)
         except urllib.error.HTTPError as e:
             if not (e.code == 416 and have):  # 416: nothing left to send, the part file is whole
                 raise DataError(f"{ds.name}: download from {src} failed: HTTP {e.code} {e.reason}") from None
@@ -248,10 +253,9 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
             reason = getattr(e, "reason", e)
             raise DataError(f"{ds.name}: download from {src} failed ({reason}); "
                             f"run the same command again to resume") from None
-    have = part.stat().st_size if part.is_file() else 0
-    if have < ds.size:  # the connection ended early (http.client does not always raise for that)
-        raise DataError(f"{ds.name}: download from {src} stopped at byte {have:,} of {ds.size:,}; "
-                        "run the same command again to resume")
+    if cut_short:
+        raise DataError(f"{ds.name}: download from {src} stopped at byte {part.stat().st_size:,} of "
+                        f"{ds.size:,}; run the same command again to resume")
     got = _hash(part)  # never the remembered hash: the part file changes in place
     if got != ds.sha256:
         part.unlink()

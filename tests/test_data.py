@@ -124,6 +124,10 @@ def test_a_checksum_mismatch_saves_nothing(clone, server, monkeypatch):
     assert not (clone / "traces" / "toy.csv").exists()
     assert not (clone / "traces" / "toy.csv.part").exists()
     assert D.resolve_data("toy") is None
+    server.files["/toy.csv"] = BODY[:100]  # a complete response, but a shorter file: not resumable
+    with pytest.raises(D.DataError, match="toy: sha256 mismatch"):
+        D.download("toy")
+    assert not (clone / "traces" / "toy.csv.part").exists()
 
 
 def test_an_interrupted_download_resumes_with_a_range_request(clone, server, monkeypatch):
