@@ -14,15 +14,15 @@ from llmsched_gym.parallel import add_arguments as add_parallel_arguments
 
 
 def _sets(items: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    from llmsched_gym.cli import _parse_sets, _split_policy_sets
+    from llmsched_gym.config import parse_sets, split_policy_sets
 
-    return _split_policy_sets(_parse_sets(items))
+    return split_policy_sets(parse_sets(items))
 
 
 def _hp(items: list[str] | None) -> dict[str, Any]:
-    from llmsched_gym.cli import _parse_sets
+    from llmsched_gym.config import parse_sets
 
-    return _parse_sets(items, "--hp")
+    return parse_sets(items, "--hp")
 
 
 def _loads(text: str) -> list[float]:
@@ -50,6 +50,10 @@ def _policies(text: str | None) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from llmsched_gym.config import check_output_dir, check_run_name
+
+    check_run_name(args.name)
+    check_output_dir(args.out, "--out")
     from agents.train import TrainConfig, train
 
     overrides, _ = _sets(args.set)
@@ -79,6 +83,7 @@ def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str
         raise ValueError(f"--model: {missing[0]}: no such path (give a run folder or a model .zip)")
     from agents.evaluate import compare
     from agents.report import parse_seeds
+    from llmsched_gym.config import check_output_dir
     from llmsched_gym.parallel import settings_from
 
     overrides, policy_params = _sets(args.set)
@@ -92,6 +97,7 @@ def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str
             raise ValueError("scenario: give --scenario (no run.json names one)")
         scenario = metas[0]["scenario"]
     out = args.out or str(Path(default_out) / (Path(models[0]).name if models else scenario))
+    check_output_dir(out, "--out")
     compare(scenario, parse_seeds(args.seeds), _loads(args.loads), _policies(args.policies), models, overrides,
             policy_params, out, plots=not args.no_plots, best=getattr(args, "best", False), quiet=args.quiet,
             settings=settings_from(args))

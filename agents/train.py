@@ -27,16 +27,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from agents.agent import Agent, algo_class, make_env, run_episode, vecnormalize_path
+from llmsched_gym.config import (
+    BEHAVIOUR_CLONING,
+    HYPERPARAMS,
+    ConfigError,
+    check_hyperparams,
+    check_output_dir,
+    check_run_name,
+    load_yaml,
+    parse_value,
+)
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 VALIDATION_SEED = 99
 TRAIN_SEED_BASE = 1000
 PPO_KEYS = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "learning_rate", "ent_coef",
             "clip_range", "vf_coef", "max_grad_norm")
-INTEGER_KEYS = ("n_steps", "batch_size", "n_epochs", "n_timesteps", "n_envs", "validation_requests")
 
 
 @dataclass
@@ -98,14 +106,10 @@ def parse_policy_spec(spec: str | dict[str, Any] | None) -> str | dict[str, Any]
         return None
     if ":" not in spec:
         return spec
-    from llmsched_gym.cli import _parse_sets
+    from llmsched_gym.config import parse_sets
 
     name, params = spec.split(":", 1)
-    return {"name": name, **_parse_sets([p for p in params.split(",") if p.strip()], "bc.from")}
-
-
-SCHEDULED_KEYS = ("learning_rate", "clip_range")
-"""Hyperparameters that may decay linearly to 0 over training: ``lin_3e-4`` (rl-zoo's notation)."""
+    return {"name": name, **parse_sets([p for p in params.split(",") if p.strip()], "bc.from")}
 
 
 @dataclass(frozen=True)
@@ -123,35 +127,23 @@ def schedule(value: float | str) -> float | LinearSchedule:
     return LinearSchedule(float(value[4:])) if isinstance(value, str) else value
 
 
-def _number(key: str, value: Any, integer: bool) -> float | int | str:
-    """A hyperparameter as a number (YAML 1.1 reads ``1e-4`` as a string), or a one-line error;
-    ``lin_X`` (learning_rate, clip_range) is kept as written and becomes a schedule in :func:`schedule`."""
-    if key in SCHEDULED_KEYS and isinstance(value, str) and value.startswith("lin_"):
-        if not _number(key, value[4:], integer) > 0:
-            raise ValueError(f"hyperparams: {key}: a linear schedule needs a start > 0, got {value!r}")
-        return value
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"hyperparams: {key}: expected a number, got {value!r}") from None
-    if integer:
-        if x != int(x) or x < 1:
-            raise ValueError(f"hyperparams: {key}: expected a positive integer, got {value!r}")
-        return int(x)
-    return x
-
-
 def default_algo(action_mode: str) -> str:
     return "ppo" if action_mode in ("priority", "knob", "tune") else "maskable-ppo"
 
 
 def load_hyperparams(scenario: str, algo: str, path: str | None = None) -> dict[str, Any]:
-    """The ``default`` entry of the algorithm's YAML with the scenario's entry merged over it."""
+    """The ``default`` entry of the algorithm's YAML with the scenario's entry merged over it; every
+    entry is checked against :data:`llmsched_gym.config.HYPERPARAMS` (one-line ConfigError)."""
     p = Path(path) if path else HYPERPARAMS_DIR / f"{algo.replace('-', '_')}.yml"
-    if not p.exists():
-        raise FileNotFoundError(f"hyperparams: {p} does not exist")
-    table = yaml.safe_load(p.read_text()) or {}
-    return _merge(table.get("default", {}), table.get(scenario, {}))
+    table = load_yaml(p, "hyperparams")
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise ConfigError(f"hyperparams: {p}: expected a mapping of scenario names (and default) to entries, "
+                          f"got a {type(table).__name__}")
+    for key, entry in table.items():
+        check_hyperparams(entry, f"hyperparams: {p.name}: {key}")
+    return _merge(table.get("default") or {}, table.get(scenario) or {})
 
 
 def resolve(cfg: TrainConfig) -> dict[str, Any]:
@@ -164,33 +156,26 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
         algo = default_algo(mode)
         hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file)
     if algo == "maskable-ppo" and mode not in ("select", "subset", "meta"):
-        raise ValueError(f"algo: maskable-ppo needs action_mode select, subset or meta, got {mode!r} (use --algo ppo)")
-    hp = _merge(hp, cfg.hyperparams)
+        raise ConfigError(f"algo: maskable-ppo needs action_mode select, subset or meta, got {mode!r} (use --algo ppo)")
+    # programmatic values may be strings, as on the command line (--hp learning_rate=3e-5)
+    over = {k: parse_value(v) if isinstance(v, str) else v for k, v in cfg.hyperparams.items()}
+    hp = check_hyperparams(_merge(hp, over))
     hp["env_kwargs"] = _merge(hp.get("env_kwargs", {}), {k: v for k, v in cfg.env_kwargs.items() if v is not None})
     hp["env_kwargs"]["overrides"] = {**hp["env_kwargs"].get("overrides", {}), **cfg.overrides}
-    hp["algo"] = algo
     if cfg.timesteps is not None:
-        hp["n_timesteps"] = int(cfg.timesteps)
+        hp["n_timesteps"] = HYPERPARAMS["n_timesteps"].check("--timesteps", cfg.timesteps)
     if cfg.n_envs is not None:
-        hp["n_envs"] = int(cfg.n_envs)
+        hp["n_envs"] = HYPERPARAMS["n_envs"].check("--n-envs", cfg.n_envs)
     if cfg.validation_requests is not None:
-        hp["validation_requests"] = int(cfg.validation_requests)
-    unknown = set(hp) - {"n_timesteps", "policy", "n_envs", "normalize", "policy_kwargs", "env_kwargs", "algo", "bc",
-                         "validation_requests", *PPO_KEYS}
-    if unknown:
-        raise ValueError(f"hyperparams: unknown key {sorted(unknown)[0]!r}; allowed: n_timesteps, policy, n_envs, "
-                         f"normalize, policy_kwargs, env_kwargs, bc, validation_requests, {', '.join(PPO_KEYS)}")
-    for key in PPO_KEYS + ("n_timesteps", "n_envs", "validation_requests"):
-        if key in hp:
-            hp[key] = _number(key, hp[key], integer=key in INTEGER_KEYS)
+        hp["validation_requests"] = HYPERPARAMS["validation_requests"].check("--validation-requests",
+                                                                            cfg.validation_requests)
+    hp["algo"] = algo
     bc = dict(hp.pop("bc", None) or {})
-    bad = set(bc) - {"from", "episodes", "epochs"}
-    if bad:
-        raise ValueError(f"hyperparams: bc.{sorted(bad)[0]}: unknown key; allowed: from, episodes, epochs")
     source = parse_policy_spec(cfg.bc_from if cfg.bc_from is not None else bc.get("from"))
-    hp["bc"] = {"from": source,
-                "episodes": int(cfg.bc_episodes if cfg.bc_episodes is not None else bc.get("episodes", 4)),
-                "epochs": int(cfg.bc_epochs if cfg.bc_epochs is not None else bc.get("epochs", 10))}
+    episodes = cfg.bc_episodes if cfg.bc_episodes is not None else bc.get("episodes", 4)
+    epochs = cfg.bc_epochs if cfg.bc_epochs is not None else bc.get("epochs", 10)
+    hp["bc"] = {"from": source, "episodes": BEHAVIOUR_CLONING["episodes"].check("--bc-episodes", episodes),
+                "epochs": BEHAVIOUR_CLONING["epochs"].check("--bc-epochs", epochs)}
     return hp
 
 
@@ -335,7 +320,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     algo = hp["algo"]
     env_kwargs = hp["env_kwargs"]
     name = cfg.name or f"{cfg.scenario}-{env_kwargs.get('action_mode', 'select')}-s{cfg.seed}"
+    check_run_name(name, "name")
     run_dir = Path(cfg.out) / name
+    check_output_dir(run_dir, "out")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     if cfg.vec not in ("dummy", "subproc"):
         raise ValueError(f"vec: {cfg.vec!r} is not one of dummy, subproc")

@@ -1,38 +1,108 @@
 """Reference scheduling policies: one file per policy family, all implementing the engine's
-:class:`~llmsched_gym.core.scheduler.Scheduler`. ``make_policy(name, **params)`` builds one."""
+:class:`~llmsched_gym.core.scheduler.Scheduler`. ``make_policy(name, **params)`` builds one.
+
+:data:`POLICIES` is the catalogue: each name's ``module:Class`` and its parameters with their
+defaults. ``available()``, ``policy_params()`` and ``llmsched list`` read only the catalogue; a
+policy's module is imported when the policy is built, so a run imports the one it uses (and not,
+say, scipy for Echo's estimator fit). A new baseline costs one file and one line here; a test
+checks that every line matches its class. Policies registered with ``@register`` outside this
+package (plug-ins) are available too, once their module is imported.
+"""
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
+from typing import Any, NamedTuple
 
 from .base import REGISTRY, PolicyError, register
 
-_loaded = False
+
+class PolicyEntry(NamedTuple):
+    """Where a policy lives (``module:Class`` in this package) and its parameters' defaults."""
+
+    target: str
+    params: dict[str, Any]
 
 
-def _load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for mod in pkgutil.iter_modules(__path__):
-        if mod.name not in ("base",):
-            importlib.import_module(f"{__name__}.{mod.name}")
-    _loaded = True
+_ECHO = {"max_prefills": 0, "max_batched_tokens": 8192, "max_num_seqs": 256, "chunk_size": 0}
+_ECHO_E = {**_ECHO, "estimator": "paper", "deadline": "separate"}
+_ECHO_S = {**_ECHO_E, "max_prefills": 1, "benefit_cached": True, "max_moves": 0, "candidates": 32, "bucket_base": 256}
+_PREFIX = {"memory": "reserve", "max_batch": 0, "max_prefill_tokens": 0}
+_LPM = {**_PREFIX, "ties": "random", "hit_metric": "absolute"}
+_FAIR = {"admit_every": 10, "memory": "reserve", "batch_max_tokens": -1, "max_running": 1000}
+_COUNTER = {**_FAIR, "w_p": 1.0, "w_q": 2.0, "cost": "linear", "charge_recompute": False}
+_VTC = {**_COUNTER, "lift_when_idle": True}
+_MCSF = {"on_fail": "break", "oracle": False}
+_SJF = {"admission": "peak", "max_num_seqs": 0, "oracle": False}
+
+POLICIES: dict[str, PolicyEntry] = {
+    "fcfs": PolicyEntry("fcfs:FCFS", {"admission": "fit", "max_batch": 0}),
+    "vllm-v1": PolicyEntry("vllm:VLLMV1", {"max_num_batched_tokens": 8192, "max_num_seqs": 256,
+                                           "long_prefill_token_threshold": 0, "watermark": 0.01}),
+    "vllm-v0": PolicyEntry("vllm:VLLMV0", {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "watermark": 0.01}),
+    "sarathi": PolicyEntry("sarathi:Sarathi", {"chunk_size": 512, "max_num_seqs": 128, "watermark": 0.01}),
+    "mcsf": PolicyEntry("mcsf:MCSF", _MCSF),
+    "semi-online": PolicyEntry("mcsf:SemiOnline", _MCSF),
+    "sjf": PolicyEntry("sjf:SJF", _SJF),
+    "srpt": PolicyEntry("sjf:SRPT", {**_SJF, "preemptive": True}),
+    "alpha-greedy": PolicyEntry("alpha_protection:AlphaGreedy", {"alpha": 0.25}),
+    "alpha-beta": PolicyEntry("alpha_protection:AlphaBeta", {"alpha": 0.2, "beta": 0.1}),
+    "wait": PolicyEntry("wait:WAIT", {"rule": "fluid", "c": 0.0, "batch_size": 256, "thresholds": [], "rates": []}),
+    "fcfs-greedy-lifo": PolicyEntry("wait:FCFSGreedyLIFO", {}),
+    "nested-wait": PolicyEntry("nested_wait:NestedWAIT", {"rule": "ratio", "batch_size": 256, "gamma": 1.0,
+                                                          "slack": 0.1, "delta": 0.01, "thresholds": [],
+                                                          "boundaries": [], "width": 0, "segments": 0}),
+    "echo-bs": PolicyEntry("echo:EchoBS", _ECHO),
+    "echo-bs-e": PolicyEntry("echo:EchoBSE", _ECHO_E),
+    "echo-bs-e-s": PolicyEntry("echo:EchoBSES", _ECHO_S),
+    "echo": PolicyEntry("echo:Echo", {**_ECHO_S, "window_s": 3600.0, "k_sigma": 2.0}),
+    "lpm": PolicyEntry("klpm:LPM", _LPM),
+    "k-lpm": PolicyEntry("klpm:KLPM", {**_LPM, "k": 2, "reset_on_empty": False}),
+    "sglang-lpm": PolicyEntry("klpm:SGLangLPM", {**_PREFIX, "fcfs_above": 128, "in_batch_threshold": 32}),
+    "vtc": PolicyEntry("vtc:VTC", _VTC),
+    "vtc-weighted": PolicyEntry("vtc:WeightedVTC", {**_VTC, "weights": None}),
+    "vtc-predict": PolicyEntry("vtc:PredictVTC", {**_VTC, "predictor": "last5", "noise": 0.5}),
+    "vtc-oracle": PolicyEntry("vtc:OracleVTC", _VTC),
+    "lcf": PolicyEntry("vtc:LCF", _COUNTER),
+    "drr": PolicyEntry("vtc:DRR", {**_COUNTER, "quantum": 512.0}),
+    "rpm": PolicyEntry("vtc:RPM", {**_FAIR, "limit": 5, "window_s": 60.0, "window": "sliding"}),
+}
 
 
 def available() -> list[str]:
-    _load_all()
-    return sorted(REGISTRY)
+    """Every policy name: the catalogue's and any plug-in's registered since."""
+    return sorted(set(POLICIES) | set(REGISTRY))
 
 
-def make_policy(name: str, **params):
-    """Build the registered policy ``name`` with ``params``."""
-    _load_all()
-    cls = REGISTRY.get(name)
-    if cls is None:
-        raise PolicyError(f"policy: unknown {name!r}; allowed: {', '.join(sorted(REGISTRY))}")
-    return cls(**params)
+def _unknown(name: Any) -> PolicyError:
+    return PolicyError(f"policy: unknown {name!r}; allowed: {', '.join(available())}")
 
 
-__all__ = ["REGISTRY", "PolicyError", "available", "make_policy", "register"]
+def policy_params(name: str) -> dict[str, Any]:
+    """The parameters ``name`` accepts, with their defaults (imports nothing for a catalogued policy)."""
+    if name in POLICIES:
+        return dict(POLICIES[name].params)
+    if name in REGISTRY:
+        return dict(REGISTRY[name].params)
+    raise _unknown(name)
+
+
+def policy_class(name: str) -> type:
+    """The Scheduler class of ``name``, importing its module on first use."""
+    if name not in REGISTRY:
+        if not isinstance(name, str) or name not in POLICIES:
+            raise _unknown(name)
+        module, _, cls = POLICIES[name].target.partition(":")
+        importlib.import_module(f"{__name__}.{module}")
+        if name not in REGISTRY:
+            raise PolicyError(f"policy {name!r}: {POLICIES[name].target} did not register it")
+    return REGISTRY[name]
+
+
+def make_policy(name: str, **params: Any):
+    """Build the policy ``name`` with ``params`` (unknown names and bad values: PolicyError)."""
+    return policy_class(name)(**params)
+
+
+__all__ = ["POLICIES", "REGISTRY", "PolicyEntry", "PolicyError", "available", "make_policy", "policy_class",
+           "policy_params", "register"]

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmsched_gym.config import ConfigError, coerce_like
 from llmsched_gym.core.batching import chunk_blocks, decode_blocks
 from llmsched_gym.core.scheduler import EngineView, Scheduler
 
 REGISTRY: dict[str, type[Scheduler]] = {}
 
 
-class PolicyError(ValueError):
+class PolicyError(ConfigError):
     """Unknown policy or bad policy parameter."""
 
 
@@ -47,11 +48,10 @@ def configure(obj: Scheduler, kwargs: dict[str, Any]) -> None:
             raise PolicyError(f"policy.{key}: unknown parameter of {type(obj).name!r}; allowed: {names}")
     for key, default in allowed.items():
         value = kwargs.get(key, default)
-        if default is not None and value is not None and not isinstance(value, type(default)):
-            try:
-                value = type(default)(value)
-            except (TypeError, ValueError):
-                raise PolicyError(f"policy.{key}: expected {type(default).__name__}, got {value!r}") from None
+        try:
+            value = coerce_like(f"policy.{key}", value, default)
+        except ConfigError as e:
+            raise PolicyError(str(e)) from None
         setattr(obj, key, value)
 
 

@@ -19,7 +19,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from llmsched_gym.core.latency import LatencyModel
 
@@ -57,6 +56,8 @@ class BatchTimeEstimator:
     def fit(cls, latency: LatencyModel, max_tokens: int = 32_768, seed: int = 0) -> BatchTimeEstimator:
         """Fit Eq. 6 on prefill-only, Eq. 7 on decode-only and Eq. 8 on mixed batches of
         ``latency`` (the simulated micro-benchmarks of section 5.2; deterministic in ``seed``)."""
+        from scipy.optimize import nnls  # imported here: scipy costs ~0.3 s and only the fit needs it
+
         rng = np.random.default_rng(seed)
         # Eq. 6: c = the flat (weight-bound) floor, alpha/beta on the rising part
         ls = np.unique(np.geomspace(1, max_tokens, 64).astype(np.int64))

@@ -14,25 +14,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _parse_sets(items: list[str] | None, flag: str = "--set") -> dict[str, Any]:
-    """``KEY=VALUE`` strings to a dict, values parsed as YAML scalars."""
-    from llmsched_gym.core.scenarios import ScenarioError, parse_value
-
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ScenarioError(f"{flag} {item}: expected key=value")
-        key, value = item.split("=", 1)
-        out[key.strip()] = parse_value(value)
-    return out
-
-
-def _split_policy_sets(sets: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    policy = {k.split(".", 1)[1]: v for k, v in sets.items() if k.startswith("policy.")}
-    rest = {k: v for k, v in sets.items() if not k.startswith("policy.")}
-    return rest, policy
-
-
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` shows each option's default, except for flags, repeatable options that start
     empty, and options whose help text says what leaving them out means (default ``None``)."""
@@ -126,7 +107,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from baselines import REGISTRY, available
+    from baselines import available, policy_params
     from llmsched_gym.core.latency import list_latency_presets
     from llmsched_gym.core.scenarios import list_scenarios
 
@@ -141,18 +122,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     t.add_column("name")
     t.add_column("parameters (defaults)")
     for name in available():
-        t.add_row(name, ", ".join(f"{k}={v}" for k, v in REGISTRY[name].params.items()))
+        t.add_row(name, ", ".join(f"{k}={v}" for k, v in policy_params(name).items()))
     con.print(t)
     con.print("latency presets: " + ", ".join(list_latency_presets()))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from llmsched_gym.config import ConfigError, check_output_file, parse_sets, split_policy_sets
     from llmsched_gym.sim import simulate
 
     if args.log_batches and not args.log_iterations:
-        raise ValueError("--log-batches: needs --log-iterations PATH (the batches go beside that CSV)")
-    sets, policy_params = _split_policy_sets(_parse_sets(args.set))
+        raise ConfigError("--log-batches: needs --log-iterations PATH (the batches go beside that CSV)")
+    sets, policy_params = split_policy_sets(parse_sets(args.set))
+    check_output_file(args.json, "--json")
+    check_output_file(args.log_iterations, "--log-iterations")
     if args.latency:
         sets["latency"] = args.latency
     result = simulate(args.scenario, args.policy, args.seed, sets, policy_params,
@@ -178,7 +162,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from llmsched_gym.bench import run_bench
+    from llmsched_gym.config import check_output_file
 
+    check_output_file(args.json, "--json")
     report = run_bench(quick=args.quick, sections=args.only)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -187,11 +173,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
     from llmsched_gym.benchmark import run_benchmark
+    from llmsched_gym.config import check_output_dir, parse_sets
 
+    check_output_dir(args.out, "--out")
     policies: list[str | dict[str, Any]] = []
     for spec in args.policy or []:
         name, _, params = spec.partition(":")
-        policies.append({"name": name, **_parse_sets([p for p in params.split(",") if p.strip()], "--policy")}
+        policies.append({"name": name, **parse_sets([p for p in params.split(",") if p.strip()], "--policy")}
                         if params else name)
     say = None if args.quiet else (lambda m: print(f"  {m}", flush=True))
     results = run_benchmark(args.task, policies, args.agent, quick=args.quick, best_model=args.best, out=args.out,
@@ -319,13 +307,17 @@ def _maybe_add(sub, module: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llmsched_gym.config import ConfigError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, KeyError, OSError) as e:
+        # ConfigError is every input error the project raises (one line naming the field); the
+        # others are library errors about the same input (a file that cannot be read)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2

@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import brentq
 
 TypeSpec = tuple[float, float, float]  # (lambda_j, l_j, l'_j)
 
@@ -248,6 +247,8 @@ def theta_root(n_prev: float, n_k: float, p: float) -> float:
         hi *= 2.0
         if hi > 1e6:
             raise ValueError("n: Eq. 20 root not bracketed")
+    from scipy.optimize import brentq  # scipy costs ~0.3 s to import; only Nested WAIT needs it
+
     return float(brentq(g, 1e-300 if g(1e-12) < 0 else 1e-12, hi, xtol=1e-14, rtol=1e-12))
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from llmsched_gym.config import apply_overrides, check_scenario, explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.metrics import request_table, summarize
 from llmsched_gym.core.scenarios import build_scenario, get_scenario
@@ -60,9 +61,7 @@ def make_engine(
     if isinstance(scenario, str):
         spec = get_scenario(scenario, overrides)
     else:
-        from llmsched_gym.core.scenarios import apply_overrides
-
-        spec = apply_overrides(scenario, overrides)
+        spec = check_scenario(apply_overrides(scenario, overrides))
     default = spec.get("policy", "fcfs")
     # --set policy.X=... turns the scenario's policy into a dict; X applies to whichever policy runs
     set_params = {k: v for k, v in default.items() if k != "name"} if isinstance(default, dict) else {}
@@ -74,14 +73,9 @@ def make_engine(
         pol = {"name": policy, **set_params}
     scheduler = make_policy(pol, policy_params)
     workload, config, latency = build_scenario(spec, seed)
-    # a policy may need particular engine semantics (e.g. Jaillet et al. 2025's clear-all on overflow);
-    # explicit --set engine.X overrides still win
-    forced = getattr(scheduler, "engine_overrides", {}) or {}
-    explicit = {k.split(".", 1)[1] for k in (overrides or {}) if k.startswith("engine.")}
-    if forced:
-        kw = {f: getattr(config, f) for f in EngineConfig.field_names()}
-        kw.update({k: v for k, v in forced.items() if k not in explicit})
-        config = EngineConfig(**kw)
+    if scheduler.engine_overrides:
+        fields = merge_engine_overrides(asdict(config), scheduler.engine_overrides, explicit_engine_keys(overrides))
+        config = EngineConfig(**fields)
     engine = Engine(workload, config, latency, scheduler, seed=seed, log_batches=log_batches)
     return engine, spec
 

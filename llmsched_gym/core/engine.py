@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 
+from llmsched_gym.config import ConfigError, check_engine
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.latency import LatencyModel
 from llmsched_gym.core.request import Workload
@@ -50,17 +51,10 @@ from llmsched_gym.core.scheduler import BatchPlan, EngineView, PlanError, Schedu
 
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
 
-OVERFLOW_HANDLERS = ("forbid", "clear_all", "clear_bernoulli", "preempt_lifo_recompute", "swap")
-PREEMPT_MODES = ("recompute", "restart", "swap")
-
 LOG_COLUMNS = (
     "t_start", "duration", "n_prefill_tokens", "n_cached_prefix_tokens", "n_decode",
     "sum_context_tokens", "kv_used", "kv_capacity", "n_waiting", "n_running", "n_preempted",
 )
-
-
-class ConfigError(ValueError):
-    """An engine setting is invalid (the message names the field and the allowed values)."""
 
 
 @dataclass
@@ -104,22 +98,10 @@ class EngineConfig:
     fast_forward: bool = True
 
     def validate(self) -> None:
-        if self.kv_capacity_tokens < 1:
-            raise ConfigError(f"kv_capacity_tokens: must be >= 1, got {self.kv_capacity_tokens}")
-        if self.block_size < 1:
-            raise ConfigError(f"block_size: must be >= 1, got {self.block_size}")
-        if self.overflow not in OVERFLOW_HANDLERS:
-            raise ConfigError(f"overflow: {self.overflow!r} is not one of {', '.join(OVERFLOW_HANDLERS)}")
-        if self.preempt_mode not in PREEMPT_MODES:
-            raise ConfigError(f"preempt_mode: {self.preempt_mode!r} is not one of {', '.join(PREEMPT_MODES)}")
-        if not 0.0 < self.overflow_beta <= 1.0:
-            raise ConfigError(f"overflow_beta: must be in (0, 1], got {self.overflow_beta}")
-        if self.swap_gb_s <= 0:
-            raise ConfigError(f"swap_gb_s: must be > 0, got {self.swap_gb_s}")
-        if self.horizon_s is not None and self.horizon_s <= 0:
-            raise ConfigError(f"horizon_s: must be > 0, got {self.horizon_s}")
-        if self.latency_noise_cv < 0:
-            raise ConfigError(f"latency_noise_cv: must be >= 0, got {self.latency_noise_cv}")
+        """Check every field against :data:`llmsched_gym.config.ENGINE` (types, ranges, choices) and
+        store it in its canonical type; raises ConfigError naming ``engine.FIELD``."""
+        for key, value in check_engine(asdict(self)).items():
+            setattr(self, key, value)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -238,7 +220,7 @@ class Engine:
         i = int(np.argmax(need_blocks))
         if need_blocks[i] > self.kv.capacity_blocks:
             raise ConfigError(
-                f"kv_capacity_tokens: {self.config.kv_capacity_tokens} is smaller than request {i} "
+                f"engine.kv_capacity_tokens: {self.config.kv_capacity_tokens} is smaller than request {i} "
                 f"(prompt {int(wl.prompt_tokens[i])} + output {int(wl.output_tokens[i])} tokens"
                 + (f", {int(need_blocks[i])} blocks of {bs}" if bs > 1 else "") + ")"
             )

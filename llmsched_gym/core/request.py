@@ -16,13 +16,15 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from llmsched_gym.config import ConfigError
+
 ONLINE, OFFLINE = 0, 1
 """Task classes (Echo, Wang et al. 2025): online requests carry SLOs, offline ones are throughput work."""
 
 Segments = tuple[tuple[int, int], ...]
 
 
-class WorkloadError(ValueError):
+class WorkloadError(ConfigError):
     """A workload field is invalid (the message names the field and the allowed values)."""
 
 

@@ -17,10 +17,10 @@ YAML scalars. ``--scenario trace:azure:PATH`` (or ``trace:vtc:``, ``trace:csv:``
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
-import yaml
-
+from llmsched_gym.config import ConfigError, apply_overrides, check_scenario
 from llmsched_gym.core.engine import EngineConfig
 from llmsched_gym.core.latency import LatencyModel, make_latency
 from llmsched_gym.core.request import Workload, WorkloadError
@@ -150,56 +150,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     },
 }
 DEFAULT_SCENARIO = "azure-conv"
+_FIELD_FIRST = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
 
 
-class ScenarioError(ValueError):
-    """Unknown scenario or bad override."""
+class ScenarioError(ConfigError):
+    """Unknown scenario or bad scenario field."""
 
 
 def list_scenarios() -> dict[str, str]:
     return {k: v["description"] for k, v in SCENARIOS.items()}
-
-
-def parse_value(text: str) -> Any:
-    """Parse a ``--set`` value as a YAML scalar (numbers, booleans, null, lists). Numbers YAML 1.1
-    leaves as strings (``1e-4``, which it only reads as a float when written ``1.0e-4``) become floats."""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    if isinstance(value, str):
-        try:
-            return float(value) if value.strip().lower() not in ("inf", "-inf", "nan", "infinity") else value
-        except ValueError:
-            return value
-    return value
-
-
-def apply_overrides(spec: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """Set dotted keys (``engine.block_size``) in a copy of ``spec``."""
-    spec = copy.deepcopy(spec)
-    for key, value in (overrides or {}).items():
-        if isinstance(value, str):
-            value = parse_value(value)
-        parts = key.split(".")
-        if parts[0] not in ("workload", "engine", "latency", "policy", "description", "paper"):
-            raise ScenarioError(
-                f"--set {key}: the first part must be one of workload, engine, latency, policy"
-            )
-        if parts[0] == "engine" and len(parts) == 2 and parts[1] not in EngineConfig.field_names():
-            raise ScenarioError(
-                f"--set {key}: unknown engine field; allowed: {', '.join(EngineConfig.field_names())}"
-            )
-        node: Any = spec
-        for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
-                if parts[0] == "policy":
-                    node[p] = {"name": node.get(p)} if isinstance(node.get(p), str) else {}
-                else:
-                    node[p] = {}
-            node = node[p]
-        node[parts[-1]] = value
-    return spec
 
 
 def get_scenario(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -219,7 +178,7 @@ def get_scenario(name: str, overrides: dict[str, Any] | None = None) -> dict[str
         raise ScenarioError(
             f"scenario: unknown {name!r}; allowed: {', '.join(SCENARIOS)} or trace:FORMAT:PATH"
         )
-    spec = apply_overrides(spec, overrides)
+    spec = check_scenario(apply_overrides(spec, overrides))
     spec["name"] = name
     return spec
 
@@ -228,26 +187,26 @@ def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineCon
     """Materialise a scenario dict into a workload, an engine config and a latency model."""
     from llmsched_gym.core.workload import build_workload
 
+    spec = check_scenario(spec)
     wspec = spec["workload"]
-    if "explicit" in wspec:
-        ex = dict(wspec["explicit"])
-        if "prefix" in ex:
-            ex["prefix"] = [tuple(tuple(seg) for seg in p) if p else None for p in ex["prefix"]]
-        workload = Workload(**ex)
-    else:
-        workload = build_workload(wspec, seed)
-    engine_fields = dict(spec.get("engine", {}))
-    unknown = set(engine_fields) - set(EngineConfig.field_names())
-    if unknown:
-        raise ScenarioError(
-            f"engine.{sorted(unknown)[0]}: unknown field; allowed: {', '.join(EngineConfig.field_names())}"
-        )
-    config = EngineConfig(**engine_fields)
+    try:
+        if "explicit" in wspec:
+            ex = dict(wspec["explicit"])
+            if "prefix" in ex:
+                ex["prefix"] = [tuple(tuple(seg) for seg in p) if p else None for p in ex["prefix"]]
+            workload = Workload(**ex)
+        else:
+            workload = build_workload(wspec, seed)
+    except WorkloadError as e:
+        # build_workload names the field inside the section (arrival.rate); say which section
+        raise WorkloadError(f"workload.{e}" if _FIELD_FIRST.match(str(e)) else str(e)) from None
+    config = EngineConfig(**spec.get("engine", {}))
+    config.validate()
     latency = make_latency(spec.get("latency", "unit"))
     return workload, config, latency
 
 
 __all__ = [
-    "DEFAULT_SCENARIO", "SCENARIOS", "ScenarioError", "WorkloadError", "apply_overrides",
-    "build_scenario", "get_scenario", "list_scenarios", "parse_value",
+    "DEFAULT_SCENARIO", "SCENARIOS", "ScenarioError", "WorkloadError", "build_scenario", "get_scenario",
+    "list_scenarios",
 ]

@@ -220,10 +220,16 @@ class Scheduler:
     Subclasses set ``name`` and implement :meth:`schedule`; the hooks are optional. Parameters
     come from the constructor's keyword arguments (``--set policy.NAME=value`` on the CLI);
     ``params`` lists the accepted ones with their defaults, so unknown names are rejected.
+
+    ``engine_overrides`` holds engine fields the policy needs (vLLM's LIFO preemption with
+    recompute, seed 000's clear-all on overflow): they replace the scenario's, except the fields
+    the user sets explicitly with ``--set engine.X``
+    (:func:`llmsched_gym.config.merge_engine_overrides`). An instance may set its own.
     """
 
     name: ClassVar[str] = "base"
     params: ClassVar[dict[str, Any]] = {}
+    engine_overrides: dict[str, Any] = {}
 
     def reset(self, config: EngineConfig, rng: np.random.Generator) -> None:
         """Called once before a run; ``rng`` is the policy's own seeded stream."""

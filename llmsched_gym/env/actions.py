@@ -165,6 +165,8 @@ def discrete_error(action, n: int, mode: str) -> str | None:
 def check_box(action, k: int, mode: str) -> np.ndarray | str:
     """A ``priority`` or ``knob`` action as float64, or an error message."""
     try:
+        if np.iscomplexobj(action):  # float64 conversion would silently drop the imaginary part
+            raise TypeError
         a = np.asarray(action, dtype=np.float64)
     except (TypeError, ValueError):
         return f"action {action!r} is not numeric ({mode} mode: Box(-1, 1, ({k},)))"

@@ -5,15 +5,17 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from llmsched_gym.config import ConfigError, Setting, apply_overrides, check_scenario
 from llmsched_gym.core.batching import BatchBuilder
 from llmsched_gym.core.engine import RUNNING, WAITING, Engine
 from llmsched_gym.core.metrics import summarize
-from llmsched_gym.core.scenarios import apply_overrides, get_scenario
+from llmsched_gym.core.scenarios import get_scenario
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.env import observation as obs_mod
 from llmsched_gym.env.actions import (
@@ -245,39 +247,41 @@ class LLMSchedEnv(gym.Env):
                                      ("admission", admission, ADMISSION_RULES),
                                      ("invalid_action", invalid_action, INVALID_ACTION)):
             if value not in allowed:
-                raise ValueError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+                raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
         if isinstance(K, bool) or not isinstance(K, int | np.integer) or K < 1:
-            raise ValueError(f"K: must be an integer >= 1, got {K!r}")
+            raise ConfigError(f"K: must be an integer >= 1, got {K!r}")
         for name, value in (("budget", budget), ("max_num_seqs", max_num_seqs)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1):
-                raise ValueError(f"{name}: must be an integer >= 1 or None, got {value!r}")
+                raise ConfigError(f"{name}: must be an integer >= 1 or None, got {value!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode: {render_mode!r} is not one of ansi, rgb_array")
+            raise ConfigError(f"render_mode: {render_mode!r} is not one of ansi, rgb_array")
         try:
             self.invalid_penalty = float(invalid_penalty)
         except (TypeError, ValueError):
-            raise ValueError(f"invalid_penalty: expected a number, got {invalid_penalty!r}") from None
+            raise ConfigError(f"invalid_penalty: expected a number, got {invalid_penalty!r}") from None
         self.mode = action_mode
         self.K = int(K)
         self.order = order
         self.admission = admission
         self.budgets = check_budgets(budgets)
         self.budget = None if budget is None else int(budget)
-        self.flat = bool(flat)
+        self.flat = Setting("bool").check("flat", flat)
         self.invalid_action = invalid_action
         self.render_mode = render_mode
         self.weights = parse_weights(reward)
+        if overrides is not None and not isinstance(overrides, Mapping):
+            raise ConfigError(f"overrides: expected a mapping like {{'engine.block_size': 16}}, got {overrides!r}")
         self._overrides = dict(overrides or {})
         if n_requests is not None:
-            self._overrides["workload.n_requests"] = int(n_requests)
+            self._overrides["workload.n_requests"] = Setting("int", ge=0).check("n_requests", n_requests)
         if horizon_s is not None:
-            self._overrides["engine.horizon_s"] = float(horizon_s)
+            self._overrides["engine.horizon_s"] = Setting("float", gt=0).check("horizon_s", horizon_s)
         if latency is not None:
             self._overrides["latency"] = latency
         if isinstance(scenario, str):
             self._spec = get_scenario(scenario, self._overrides)
         else:
-            self._spec = apply_overrides(scenario, self._overrides)
+            self._spec = check_scenario(apply_overrides(scenario, self._overrides))
             self._spec.setdefault("name", "custom")
         from llmsched_gym.sim import make_policy
 
@@ -288,10 +292,10 @@ class LLMSchedEnv(gym.Env):
 
             specs = candidates if candidates is not None else default_candidates(self._spec.get("name", ""))
             if not specs:
-                raise ValueError("candidates: meta mode needs at least one policy")
+                raise ConfigError("candidates: meta mode needs at least one policy")
             self.switch = Switch([make_policy(c) for c in specs])
         elif candidates is not None:
-            raise ValueError(f"candidates: only meta mode takes candidates (action_mode={action_mode!r})")
+            raise ConfigError(f"candidates: only meta mode takes candidates (action_mode={action_mode!r})")
         if action_mode == "tune":
             self.base = make_policy(base)
             self.tune = check_tune(tune if tune is not None else DEFAULT_TUNE, type(self.base).params)

@@ -278,6 +278,9 @@ def run_paper(paper: str, quick: bool, out: str | Path | None = None) -> Path:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    from llmsched_gym.config import check_output_dir
+
+    check_output_dir(args.out, "--out")
     run_paper(args.paper, args.quick, args.out)
     return 0
 
@@ -305,9 +308,9 @@ def optimum_for_scenario(scenario: str, sets: dict[str, Any], method: str = "aut
 
 
 def cmd_optimum(args: argparse.Namespace) -> int:
-    from llmsched_gym.cli import _parse_sets
+    from llmsched_gym.config import parse_sets
 
-    res = optimum_for_scenario(args.scenario, _parse_sets(args.set), args.method, args.seed, args.round_s,
+    res = optimum_for_scenario(args.scenario, parse_sets(args.set), args.method, args.seed, args.round_s,
                                args.policy)
     print(f"instance: {res['n']} requests, KV capacity M = {res['M']:,} tokens, "
           f"one round = {args.round_s:g} s of arrival time")

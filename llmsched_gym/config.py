@@ -1,0 +1,500 @@
+"""Configuration: ``--set`` overrides, the one schema every setting is checked against, and the
+checks on files the user names (YAML inputs, output paths).
+
+Everything a user configures goes through here before anything runs:
+
+* :func:`parse_sets` turns ``KEY=VALUE`` strings into a dict (values parsed as YAML scalars);
+  :func:`apply_overrides` sets the dotted keys in a copy of a scenario.
+* :func:`check_scenario` checks a scenario dict (the built-in ones, a ``--scenario my.yml`` file,
+  or either after ``--set``) against :data:`SCENARIO` and :data:`ENGINE`: types, ranges and
+  enumerations. The workload section is checked by
+  :func:`~llmsched_gym.core.workload.build_workload`, the latency section by
+  :func:`~llmsched_gym.core.latency.make_latency`, policy parameters by each policy's ``params``
+  (:func:`coerce_like`); their messages carry the same dotted paths.
+* :func:`check_hyperparams` does the same for an entry of ``agents/hyperparams/*.yml``.
+* :func:`merge_engine_overrides` is the one rule for a policy's ``engine_overrides``.
+* :func:`check_output_file`, :func:`check_output_dir` and :func:`check_run_name` reject output
+  paths that cannot be written before a run starts, instead of after it.
+
+Every violation raises :class:`ConfigError` with one line: the dotted field, the value and what is
+allowed (``engine.block_size: expected an integer >= 1, got 'x'``). ``llmsched`` prints that line
+and exits with status 2; it never shows a traceback for input like this.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class ConfigError(ValueError):
+    """Bad user input: a setting, scenario, policy parameter, workload or file that cannot be used.
+
+    The message is one line naming the field (dotted path), the value and what is allowed. Every
+    input error of the project derives from it (``ScenarioError``, ``PolicyError``,
+    ``WorkloadError``), so ``except ConfigError`` catches all of them.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# the schema
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+               "list": "a list", "dict": "a mapping"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its kind, its range or choices, and whether ``null`` is allowed.
+
+    :param kind: ``int``, ``float``, ``bool``, ``str``, ``list``, ``dict``, or a tuple of them
+        (``("str", "dict")``: either). Integers accept integral floats (``1e4``); numbers are
+        finite; ``bool`` accepts only ``true``/``false`` (never a truthy string or a number).
+    :param gt, ge, le, lt: bounds of a number.
+    :param choices: the allowed strings.
+    :param nullable: ``null`` (``None``) is allowed.
+    """
+
+    kind: str | tuple[str, ...]
+    gt: float | None = None
+    ge: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+
+    def allowed(self) -> str:
+        """What the setting accepts, in words (``an integer >= 1``, ``null or a number > 0``)."""
+        if self.choices:
+            text = "one of " + ", ".join(self.choices)
+        else:
+            kinds = (self.kind,) if isinstance(self.kind, str) else self.kind
+            text = " or ".join(_KIND_WORDS[k] for k in kinds)
+            lo = ("(", self.gt) if self.gt is not None else ("[", self.ge) if self.ge is not None else None
+            hi = (")", self.lt) if self.lt is not None else ("]", self.le) if self.le is not None else None
+            if lo and hi:
+                text += f" in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+            elif lo:
+                text += f" {'>' if lo[0] == '(' else '>='} {lo[1]:g}"
+            elif hi:
+                text += f" {'<' if hi[0] == ')' else '<='} {hi[1]:g}"
+        return f"null or {text}" if self.nullable else text
+
+    def check(self, path: str, value: Any) -> Any:
+        """``value`` in its canonical type (``1e4`` -> ``10000`` for an integer), or ConfigError."""
+        if value is None and self.nullable:
+            return None
+        kinds = (self.kind,) if isinstance(self.kind, str) else self.kind
+        for kind in kinds:
+            ok, v = _as_kind(kind, value)
+            if ok and self._in_range(v):
+                return v
+        raise ConfigError(f"{path}: expected {self.allowed()}, got {_show(value)}")
+
+    def _in_range(self, v: Any) -> bool:
+        if self.choices:
+            return v in self.choices
+        if not isinstance(v, int | float):
+            return True
+        return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+                and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+
+
+def _as_kind(kind: str, value: Any) -> tuple[bool, Any]:
+    is_bool = isinstance(value, bool | np.bool_)
+    if kind == "bool":
+        return is_bool, bool(value) if is_bool else value
+    if kind in ("int", "float"):
+        if is_bool or not isinstance(value, int | float | np.integer | np.floating):
+            return False, value
+        if not math.isfinite(float(value)):
+            return False, value
+        if kind == "int":
+            if isinstance(value, int | np.integer):
+                return True, int(value)
+            return float(value).is_integer(), int(value) if float(value).is_integer() else value
+        return True, float(value)
+    if kind == "str":
+        return isinstance(value, str), value
+    if kind == "list":
+        return isinstance(value, list | tuple), list(value) if isinstance(value, list | tuple) else value
+    if kind == "dict":
+        return isinstance(value, Mapping), value
+    raise AssertionError(f"unknown kind {kind!r}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _name(key: str) -> str:
+    """A user-typed key as it appears in a message: as is, or quoted if it has unprintable
+    characters (a message stays one line)."""
+    return key if key.isprintable() else repr(key)
+
+
+def coerce_like(path: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of ``default`` (a policy parameter or env setting): a
+    ``bool`` default takes only true/false, an ``int`` one an integer, a ``float`` one any finite
+    number, a ``str`` one a string, a list one a list; a ``None`` default takes anything."""
+    if default is None or value is None:
+        return value
+    for kind, types in (("bool", (bool,)), ("int", (int,)), ("float", (float,)), ("str", (str,)),
+                        ("list", (list, tuple)), ("dict", (dict,))):
+        if isinstance(default, types):
+            return Setting(kind).check(path, value)
+    return value
+
+
+def check_section(path: str, section: Any, schema: Mapping[str, Setting]) -> dict[str, Any]:
+    """Check a mapping against ``schema``: unknown keys and bad values raise ConfigError."""
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{path}: expected a mapping of {', '.join(schema)}, got {_show(section)}")
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in schema:
+            raise ConfigError(f"{path}.{_name(str(key))}: unknown field; allowed: {', '.join(schema)}")
+        out[key] = schema[key].check(f"{path}.{key}", value)
+    return out
+
+
+#: Overflow handlers and preemption modes of the engine (see :mod:`llmsched_gym.core.engine`).
+OVERFLOW_HANDLERS = ("forbid", "clear_all", "clear_bernoulli", "preempt_lifo_recompute", "swap")
+PREEMPT_MODES = ("recompute", "restart", "swap")
+
+#: The engine section: one entry per field of :class:`~llmsched_gym.core.engine.EngineConfig`.
+ENGINE: dict[str, Setting] = {
+    "kv_capacity_tokens": Setting("int", ge=1),
+    "block_size": Setting("int", ge=1),
+    "prefill_emits_token": Setting("bool"),
+    "overflow": Setting("str", choices=OVERFLOW_HANDLERS),
+    "overflow_beta": Setting("float", gt=0, le=1),
+    "preempt_mode": Setting("str", choices=PREEMPT_MODES),
+    "swap_gb_s": Setting("float", gt=0),
+    "kv_bytes_per_token": Setting("int", ge=1),
+    "prefix_cache": Setting("bool"),
+    "prefix_cap_prompt_minus_one": Setting("bool"),
+    "horizon_s": Setting("float", gt=0, nullable=True),
+    "max_iterations": Setting("int", ge=1, nullable=True),
+    "stall_iterations": Setting("int", ge=0),
+    "latency_noise_cv": Setting("float", ge=0),
+    "fast_forward": Setting("bool"),
+}
+
+#: The top level of a scenario (a built-in one, a ``--scenario my.yml`` file, or a dict).
+SCENARIO: dict[str, Setting] = {
+    "description": Setting("str"),
+    "paper": Setting("str"),
+    "name": Setting("str"),
+    "workload": Setting("dict"),
+    "engine": Setting("dict"),
+    "latency": Setting(("str", "dict")),
+    "policy": Setting(("str", "dict")),
+}
+
+
+def check_engine(section: Any, path: str = "engine") -> dict[str, Any]:
+    """The engine section with every value checked and in its canonical type."""
+    return check_section(path, section, ENGINE)
+
+
+def check_scenario(spec: Any) -> dict[str, Any]:
+    """A checked copy of a scenario: the top-level keys, the engine section and the policy entry.
+
+    :raises ConfigError: on the first violation, naming its dotted field.
+    """
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"scenario: expected a mapping with {', '.join(SCENARIO)}, got {_show(spec)}")
+    out = check_section("scenario", spec, SCENARIO)
+    out = {k: out[k] for k in spec}  # the caller's order
+    if "workload" not in out:
+        raise ConfigError("scenario.workload: missing; a scenario needs a workload section")
+    if "engine" in out:
+        out["engine"] = check_engine(out["engine"])
+    policy = out.get("policy")
+    if isinstance(policy, Mapping):
+        name = policy.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"policy.name: expected a policy name (a string), got {_show(name)}")
+    return out
+
+
+#: An entry of ``agents/hyperparams/*.yml`` (rl-zoo layout); ``--hp KEY=VALUE`` is checked the same way.
+HYPERPARAMS: dict[str, Setting] = {
+    "n_timesteps": Setting("int", ge=1),
+    "policy": Setting("str"),
+    "n_envs": Setting("int", ge=1),
+    "n_steps": Setting("int", ge=1),
+    "batch_size": Setting("int", ge=1),
+    "n_epochs": Setting("int", ge=1),
+    "gamma": Setting("float", ge=0, le=1),
+    "gae_lambda": Setting("float", ge=0, le=1),
+    "learning_rate": Setting("float", gt=0),
+    "ent_coef": Setting("float", ge=0),
+    "clip_range": Setting("float", gt=0),
+    "vf_coef": Setting("float", ge=0),
+    "max_grad_norm": Setting("float", gt=0),
+    "normalize": Setting("dict"),
+    "policy_kwargs": Setting("dict"),
+    "env_kwargs": Setting("dict"),
+    "bc": Setting("dict"),
+    "validation_requests": Setting("int", ge=1),
+}
+LINEAR_SCHEDULE_KEYS = ("learning_rate", "clip_range")
+"""Hyperparameters that may also be ``lin_START``: a linear decay from START to 0 (rl-zoo's notation)."""
+NORMALIZE: dict[str, Setting] = {
+    "norm_obs": Setting("bool"),
+    "norm_reward": Setting("bool"),
+    "norm_obs_keys": Setting("list"),
+    "clip_obs": Setting("float", gt=0),
+    "clip_reward": Setting("float", gt=0),
+}
+BEHAVIOUR_CLONING: dict[str, Setting] = {
+    "from": Setting("str", nullable=True),
+    "episodes": Setting("int", ge=1),
+    "epochs": Setting("int", ge=1),
+}
+
+
+def check_hyperparams(entry: Any, path: str = "hyperparams") -> dict[str, Any]:
+    """A checked copy of a hyperparameter entry (every key optional)."""
+    scheduled = {}
+    if isinstance(entry, Mapping):
+        scheduled = {k: v for k, v in entry.items()
+                     if k in LINEAR_SCHEDULE_KEYS and isinstance(v, str) and v.startswith("lin_")}
+        entry = {k: v for k, v in entry.items() if k not in scheduled}
+    for key, value in scheduled.items():
+        ok, start = _as_kind("float", parse_value(value[4:]))
+        if not ok or start <= 0:
+            raise ConfigError(f"{path}.{key}: expected {HYPERPARAMS[key].allowed()} or lin_START (a linear decay "
+                              f"from START > 0), got {value!r}")
+    out = {**check_section(path, entry, HYPERPARAMS), **scheduled}
+    if "normalize" in out:
+        out["normalize"] = check_section(f"{path}.normalize", out["normalize"], NORMALIZE)
+    if "bc" in out:
+        out["bc"] = check_section(f"{path}.bc", out["bc"], BEHAVIOUR_CLONING)
+    if "env_kwargs" in out and "overrides" in out["env_kwargs"]:
+        ov = out["env_kwargs"]["overrides"]
+        if not isinstance(ov, Mapping):
+            raise ConfigError(f"{path}.env_kwargs.overrides: expected a mapping of --set keys, got {_show(ov)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# --set overrides
+
+
+def _yaml_loader() -> type:
+    """PyYAML's safe loader (the C one when built) that also reads ``1e-4`` as a float: YAML 1.1
+    wants ``1.0e-4``, so ``learning_rate: 1e-4`` would otherwise arrive as the string ``'1e-4'``."""
+    import re
+
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = type("Loader", (base,), {})
+    loader.add_implicit_resolver(  # type: ignore[attr-defined]
+        "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."))
+    return loader
+
+
+_LOADER: type | None = None
+
+
+def yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` that reads ``1e-4`` as a float (see :func:`_yaml_loader`)."""
+    import yaml
+
+    global _LOADER
+    if _LOADER is None:
+        _LOADER = _yaml_loader()
+    return yaml.load(text, Loader=_LOADER)  # noqa: S506 (a SafeLoader subclass)
+
+
+def parse_value(text: str) -> Any:
+    """Parse a ``--set`` value as a YAML scalar: numbers (``1e-4`` too), booleans, null, lists;
+    anything else stays the string it was."""
+    import yaml
+
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_sets(items: Iterable[str] | None, flag: str = "--set") -> dict[str, Any]:
+    """``KEY=VALUE`` strings to a dict, values parsed by :func:`parse_value`.
+
+    >>> parse_sets(["engine.block_size=16", "engine.overflow=forbid"])
+    {'engine.block_size': 16, 'engine.overflow': 'forbid'}
+    """
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} {_name(item)}: expected KEY=VALUE")
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def split_policy_sets(sets: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(scenario overrides, policy parameters)``: ``policy.X`` keys become parameter ``X``."""
+    policy = {k.split(".", 1)[1]: v for k, v in sets.items() if k.startswith("policy.")}
+    rest = {k: v for k, v in sets.items() if not k.startswith("policy.")}
+    return rest, policy
+
+
+SECTIONS = ("workload", "engine", "latency", "policy", "description", "paper")
+
+
+def apply_overrides(spec: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Set dotted keys (``engine.block_size``) in a copy of ``spec``.
+
+    String values are parsed as by ``--set``. ``engine.X`` must name an engine field; a key may
+    only descend into a mapping (``engine.block_size.x`` is an error), except that
+    ``policy.X`` turns a policy name into ``{"name": NAME, "X": value}``.
+
+    :raises ConfigError: naming the key.
+    """
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"scenario: expected a mapping with {', '.join(SCENARIO)}, got {_show(spec)}")
+    out = copy.deepcopy(dict(spec))
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"overrides: expected a mapping of dotted keys to values, got {_show(overrides)}")
+    for key, value in (overrides or {}).items():
+        if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"overrides: {_show(key)} is not a dotted key like engine.block_size")
+        if isinstance(value, str):
+            value = parse_value(value)
+        name = _name(key)
+        parts = key.split(".")
+        if parts[0] not in SECTIONS:
+            raise ConfigError(f"{name}: unknown section {parts[0]!r}; allowed: {', '.join(SECTIONS)}")
+        if parts[0] == "engine" and (len(parts) != 2 or parts[1] not in ENGINE):
+            raise ConfigError(f"{name}: unknown engine field; allowed: {', '.join('engine.' + f for f in ENGINE)}")
+        if parts[0] in ("description", "paper") and len(parts) != 1:
+            raise ConfigError(f"{name}: {parts[0]} is a string, not a section")
+        node: Any = out
+        for i, p in enumerate(parts[:-1]):
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            elif isinstance(child, str) and i == 0 and p == "policy":
+                child = node[p] = {"name": child}
+            elif not isinstance(child, dict):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(f"{name}: {_name(where)} is {_show(child)}, not a section; set {where}=VALUE instead")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def explicit_engine_keys(overrides: Mapping[str, Any] | None) -> set[str]:
+    """Engine fields set explicitly by ``overrides`` (``engine.X`` keys)."""
+    return {k.split(".", 1)[1] for k in (overrides or {}) if isinstance(k, str) and k.startswith("engine.")}
+
+
+def merge_engine_overrides(engine: Mapping[str, Any], policy_overrides: Mapping[str, Any] | None,
+                           explicit: Iterable[str] = ()) -> dict[str, Any]:
+    """The engine fields a run uses: the scenario's, then the policy's ``engine_overrides``
+    (:attr:`~llmsched_gym.core.scheduler.Scheduler.engine_overrides`, e.g. vLLM's LIFO preemption
+    with recompute), except the fields the user set explicitly (``--set engine.X``), which win."""
+    keep = set(explicit)
+    merged = dict(engine)
+    merged.update({k: v for k, v in (policy_overrides or {}).items() if k not in keep})
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------
+# files the user names
+
+
+def load_yaml(path: str | os.PathLike[str], what: str) -> Any:
+    """The parsed YAML of ``path``; a missing file, undecodable bytes or a syntax error is one
+    ConfigError line naming ``what``, the file and (for a syntax error) the line."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: {p}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what}: {p}: is a directory, expected a YAML file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what}: {p}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{what}: {p}: {e.strerror}") from None
+    try:
+        return yaml_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"{what}: {p}:{where}: YAML syntax error ({problem})") from None
+
+
+def _first_existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_parent(p: Path, flag: str) -> None:
+    anc = _first_existing(p.parent if str(p.parent) else Path("."))
+    if not anc.is_dir():
+        raise ConfigError(f"{flag}: {p}: {anc} is a file, not a directory")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: {p}: {anc} is not writable")
+
+
+def check_output_file(path: str | os.PathLike[str] | None, flag: str) -> None:
+    """Raise ConfigError unless ``path`` can be written as a file (before a run, not after it):
+    it must not be a directory, and its nearest existing ancestor must be a writable directory."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{flag}: {p} is a directory, expected a file path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(f"{flag}: {p} exists and is not writable")
+    _check_parent(p, flag)
+
+
+def check_output_dir(path: str | os.PathLike[str] | None, flag: str) -> None:
+    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag}: {p} is a file, expected a directory")
+    if p.exists() and not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: {p} is not writable")
+    _check_parent(p, flag)
+
+
+def check_run_name(name: str | None, flag: str = "--name") -> None:
+    """A run name is one path component, so ``OUT/NAME`` stays inside ``OUT``."""
+    if name is None:
+        return
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or os.sep in name
+            or Path(name).is_absolute() or "\0" in name):
+        raise ConfigError(f"{flag}: {name!r} must be a plain folder name (no '/', '..' or absolute path)")
+
+
+__all__ = [
+    "ENGINE", "HYPERPARAMS", "OVERFLOW_HANDLERS", "PREEMPT_MODES", "SCENARIO", "ConfigError", "Setting",
+    "apply_overrides", "check_engine", "check_hyperparams", "check_output_dir", "check_output_file",
+    "check_run_name", "check_scenario", "check_section", "coerce_like", "explicit_engine_keys", "load_yaml",
+    "merge_engine_overrides", "parse_sets", "parse_value", "split_policy_sets", "yaml_load",
+]

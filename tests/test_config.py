@@ -1,0 +1,402 @@
+"""The configuration layer: one schema, one-line errors naming the dotted field, the value and what
+is allowed; output paths checked before a run; the lazy policy catalogue."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import baselines
+from llmsched_gym.cli import main
+from llmsched_gym.config import (
+    ENGINE,
+    ConfigError,
+    apply_overrides,
+    check_output_dir,
+    check_output_file,
+    check_run_name,
+    check_scenario,
+    merge_engine_overrides,
+    parse_sets,
+)
+from llmsched_gym.core.engine import EngineConfig
+from llmsched_gym.core.scenarios import SCENARIOS, build_scenario, get_scenario
+
+ENGINE_FIELDS = ", ".join("engine." + f for f in ENGINE)
+
+# (--set overrides on jaillet-low, the exact one-line message)
+MALFORMED = [
+    ({"engine.kv_capacity_tokens": "abc"}, "engine.kv_capacity_tokens: expected an integer >= 1, got 'abc'"),
+    ({"engine.kv_capacity_tokens": "[1,2]"}, "engine.kv_capacity_tokens: expected an integer >= 1, got [1, 2]"),
+    ({"engine.kv_capacity_tokens": 1000.5}, "engine.kv_capacity_tokens: expected an integer >= 1, got 1000.5"),
+    ({"engine.kv_capacity_tokens": 0}, "engine.kv_capacity_tokens: expected an integer >= 1, got 0"),
+    ({"engine.kv_capacity_tokens": True}, "engine.kv_capacity_tokens: expected an integer >= 1, got True"),
+    ({"engine.block_size": "x"}, "engine.block_size: expected an integer >= 1, got 'x'"),
+    ({"engine.block_size": 1.5}, "engine.block_size: expected an integer >= 1, got 1.5"),
+    ({"engine.horizon_s": "abc"}, "engine.horizon_s: expected null or a number > 0, got 'abc'"),
+    ({"engine.horizon_s": "nan"}, "engine.horizon_s: expected null or a number > 0, got 'nan'"),
+    ({"engine.horizon_s": float("inf")}, "engine.horizon_s: expected null or a number > 0, got inf"),
+    ({"engine.max_iterations": "x"}, "engine.max_iterations: expected null or an integer >= 1, got 'x'"),
+    ({"engine.max_iterations": -3}, "engine.max_iterations: expected null or an integer >= 1, got -3"),
+    ({"engine.stall_iterations": -1}, "engine.stall_iterations: expected an integer >= 0, got -1"),
+    ({"engine.kv_bytes_per_token": -5}, "engine.kv_bytes_per_token: expected an integer >= 1, got -5"),
+    ({"engine.prefill_emits_token": "maybe"}, "engine.prefill_emits_token: expected true or false, got 'maybe'"),
+    ({"engine.fast_forward": "maybe"}, "engine.fast_forward: expected true or false, got 'maybe'"),
+    ({"engine.fast_forward": 1}, "engine.fast_forward: expected true or false, got 1"),
+    ({"engine.overflow": "explode"},
+     "engine.overflow: expected one of forbid, clear_all, clear_bernoulli, preempt_lifo_recompute, swap, got 'explode'"),
+    ({"engine.preempt_mode": 3}, "engine.preempt_mode: expected one of recompute, restart, swap, got 3"),
+    ({"engine.overflow_beta": 0}, "engine.overflow_beta: expected a number in (0, 1], got 0"),
+    ({"engine.latency_noise_cv": -0.1}, "engine.latency_noise_cv: expected a number >= 0, got -0.1"),
+    ({"engine.block_size.x": 1}, f"engine.block_size.x: unknown engine field; allowed: {ENGINE_FIELDS}"),
+    ({"engine.colour": "red"}, f"engine.colour: unknown engine field; allowed: {ENGINE_FIELDS}"),
+    ({"engin.block_size": 16},
+     "engin.block_size: unknown section 'engin'; allowed: workload, engine, latency, policy, description, paper"),
+    ({"workload.n_requests.x": 1}, "workload.n_requests.x: workload.n_requests is 10000, not a section; "
+     "set workload.n_requests=VALUE instead"),
+    ({"latency.x": 1}, "latency.x: latency is 'roofline:llama-2-70b/2xa100', not a section; set latency=VALUE instead"),
+    ({"description.x": 1}, "description.x: description is a string, not a section"),
+    ({"engine..x": 1}, "overrides: 'engine..x' is not a dotted key like engine.block_size"),
+    ({"latency": 5}, "scenario.latency: expected a string or a mapping, got 5"),
+    ({"policy": ["fcfs"]}, "scenario.policy: expected a string or a mapping, got ['fcfs']"),
+    ({"policy.name": 3}, "policy.name: expected a policy name (a string), got 3"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", MALFORMED, ids=[m.split(":")[0] + f"-{i}" for i, (_, m) in
+                                                                enumerate(MALFORMED)])
+def test_malformed_override_is_one_line_naming_field_value_and_allowed(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        get_scenario("jaillet-low", overrides)
+    assert str(e.value) == message
+
+
+# (scenario overrides that pass the schema and fail when the workload is built, message)
+MALFORMED_WORKLOAD = [
+    ({"workload.n_requests": "abc"}, "workload.n_requests: expected an integer >= 0, got 'abc'"),
+    ({"workload.horizon_s": "abc"}, "workload.horizon_s: expected a number > 0, got 'abc'"),
+    ({"workload.prompt.mean": -1}, "workload.prompt.mean"),
+    ({"workload.colour": 1}, "workload.colour"),
+]
+
+
+@pytest.mark.parametrize("overrides, needle", MALFORMED_WORKLOAD)
+def test_malformed_workload_names_the_workload_section(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        build_scenario(get_scenario("jaillet-low", overrides), 0)
+    assert str(e.value).startswith(needle) and "\n" not in str(e.value)
+
+
+def test_valid_values_are_stored_in_their_canonical_type():
+    spec = get_scenario("jaillet-low", {"engine.kv_capacity_tokens": "2e4", "engine.horizon_s": 60,
+                                        "engine.fast_forward": "false"})
+    eng = spec["engine"]
+    assert eng["kv_capacity_tokens"] == 20000 and type(eng["kv_capacity_tokens"]) is int
+    assert eng["horizon_s"] == 60.0 and type(eng["horizon_s"]) is float
+    assert eng["fast_forward"] is False
+    _, config, _ = build_scenario(spec, 0)
+    assert config.kv_capacity_tokens == 20000 and config.fast_forward is False
+
+
+def test_engine_schema_covers_every_engine_field():
+    assert list(ENGINE) == EngineConfig.field_names()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_builtin_scenarios_pass_the_schema(name):
+    assert check_scenario(SCENARIOS[name]) == SCENARIOS[name]
+
+
+def test_scenario_argument_of_wrong_type_is_one_line():
+    import gymnasium as gym
+
+    import llmsched_gym  # noqa: F401 (registers the env)
+
+    with pytest.raises(ConfigError, match=r"^scenario: expected a mapping"):
+        gym.make("LLMSched-v0", scenario=123)
+    with pytest.raises(ConfigError, match=r"^engine.kv_capacity_tokens: expected an integer >= 1, got 'a'$"):
+        gym.make("LLMSched-v0", scenario="jaillet-low", overrides={"engine.kv_capacity_tokens": "a"})
+    with pytest.raises(ConfigError, match=r"^overrides: expected a mapping"):
+        gym.make("LLMSched-v0", scenario="jaillet-low", overrides=["engine.block_size=16"])
+    with pytest.raises(ConfigError, match=r"^flat: expected true or false, got 'no'$"):
+        gym.make("LLMSched-v0", scenario="jaillet-low", flat="no")
+    with pytest.raises(ConfigError, match=r"^K: must be an integer >= 1, got True$"):
+        gym.make("LLMSched-v0", scenario="jaillet-low", K=True)
+    with pytest.raises(ConfigError, match=r"^n_requests: expected an integer >= 0, got 'many'$"):
+        gym.make("LLMSched-v0", scenario="jaillet-low", n_requests="many")
+
+
+def test_complex_priority_action_is_invalid_not_truncated():
+    import gymnasium as gym
+
+    from llmsched_gym.env.actions import InvalidActionError
+
+    env = gym.make("LLMSched-v0", scenario="jaillet-low", action_mode="priority", n_requests=20, K=4,
+                   invalid_action="raise")
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError, match="is not numeric"):
+        env.step(np.array([1 + 2j, 0, 0, 0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# policy parameters are checked against the type of their default
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("mcsf", {"oracle": "maybe"}, "policy.oracle: expected true or false, got 'maybe'"),
+    ("sjf", {"max_num_seqs": True}, "policy.max_num_seqs: expected an integer, got True"),
+    ("sjf", {"max_num_seqs": 2.5}, "policy.max_num_seqs: expected an integer, got 2.5"),
+    ("sarathi", {"watermark": "low"}, "policy.watermark: expected a number, got 'low'"),
+    ("fcfs", {"admission": 3}, "policy.admission: expected a string, got 3"),
+    ("wait", {"thresholds": "abc"}, "policy.thresholds: expected a list, got 'abc'"),
+    ("fcfs", {"bogus": 1}, "policy.bogus: unknown parameter of 'fcfs'; allowed: admission, max_batch"),
+])
+def test_policy_parameter_of_wrong_type_is_one_line(name, params, message):
+    with pytest.raises(baselines.PolicyError) as e:
+        baselines.make_policy(name, **params)
+    assert str(e.value) == message
+
+
+def test_policy_parameter_integral_float_becomes_int():
+    assert baselines.make_policy("sjf", max_num_seqs=96.0).max_num_seqs == 96
+
+
+# ---------------------------------------------------------------------------------------------
+# one rule for a policy's engine_overrides
+
+
+def test_policy_engine_overrides_yield_to_explicit_sets():
+    scenario = {"overflow": "forbid", "block_size": 1}
+    policy = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute"}
+    assert merge_engine_overrides(scenario, policy) == {"overflow": "preempt_lifo_recompute", "block_size": 1,
+                                                        "preempt_mode": "recompute"}
+    assert merge_engine_overrides(scenario, policy, {"overflow"})["overflow"] == "forbid"
+
+
+def test_simulate_applies_the_rule():
+    from llmsched_gym.sim import make_engine
+
+    small = {"workload.n_requests": 20}
+    engine, _ = make_engine("jaillet-low", "vllm-v1", 0, small)
+    assert engine.config.overflow == "preempt_lifo_recompute"  # vLLM's own semantics
+    engine, _ = make_engine("jaillet-low", "vllm-v1", 0, {**small, "engine.overflow": "swap"})
+    assert engine.config.overflow == "swap"
+
+
+# ---------------------------------------------------------------------------------------------
+# hypothesis: any override value either validates or raises ConfigError
+
+
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**30, 10**30), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                             max_size=2),
+)
+KEYS = st.one_of(st.sampled_from([f"engine.{f}" for f in ENGINE]),
+                 st.sampled_from(["workload.n_requests", "workload.horizon_s", "latency", "policy", "engine",
+                                  "engine.block_size.x", "policy.name", "description"]),
+                 st.text(max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(KEYS, VALUES, max_size=3))
+def test_random_overrides_validate_or_raise_config_error(overrides):
+    try:
+        spec = get_scenario("jaillet-low", overrides)
+    except ConfigError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    config = EngineConfig(**spec["engine"])
+    config.validate()  # what passed the schema is a valid engine
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=20), max_size=4))
+def test_random_set_strings_parse_or_raise_config_error(items):
+    try:
+        sets = parse_sets(items)
+        get_scenario("jaillet-low", {k: v for k, v in sets.items() if not k.startswith("policy.")})
+    except ConfigError as e:
+        assert "\n" not in str(e)
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI: exit code 2 and one line, before anything runs
+
+
+def _cli(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("sets, needle", [
+    ("engine.kv_capacity_tokens=abc", "engine.kv_capacity_tokens: expected an integer >= 1, got 'abc'"),
+    ("engine.kv_capacity_tokens=[1,2]", "engine.kv_capacity_tokens: expected an integer >= 1, got [1, 2]"),
+    ("engine.block_size=x", "engine.block_size: expected an integer >= 1, got 'x'"),
+    ("engine.block_size=1.5", "engine.block_size: expected an integer >= 1, got 1.5"),
+    ("engine.horizon_s=abc", "engine.horizon_s: expected null or a number > 0, got 'abc'"),
+    ("workload.horizon_s=abc", "workload.horizon_s: expected a number > 0, got 'abc'"),
+    ("engine.max_iterations=x", "engine.max_iterations: expected null or an integer >= 1, got 'x'"),
+    ("engine.block_size.x=1", "engine.block_size.x: unknown engine field"),
+    ("engine.prefill_emits_token=maybe", "engine.prefill_emits_token: expected true or false, got 'maybe'"),
+    ("engine.fast_forward=maybe", "engine.fast_forward: expected true or false, got 'maybe'"),
+    ("engine.max_iterations=-3", "engine.max_iterations: expected null or an integer >= 1, got -3"),
+    ("engine.stall_iterations=-1", "engine.stall_iterations: expected an integer >= 0, got -1"),
+    ("engine.kv_bytes_per_token=-5", "engine.kv_bytes_per_token: expected an integer >= 1, got -5"),
+    ("engine.kv_capacity_tokens=1000.5", "engine.kv_capacity_tokens: expected an integer >= 1, got 1000.5"),
+    ("policy.oracle=maybe", "policy.oracle: expected true or false, got 'maybe'"),
+    ("novalue", "--set novalue: expected KEY=VALUE"),
+])
+def test_cli_bad_set_exits_2_with_one_line(capsys, sets, needle):
+    rc, out, err = _cli(capsys, "run", "--scenario", "jaillet-low", "--policy", "mcsf", "--set",
+                        "workload.n_requests=20", "--set", sets, "--quiet")
+    assert rc == 2 and out == ""
+    assert err.startswith("error: " + needle) and err.count("\n") == 1
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """Fail the test if a simulation starts."""
+    import llmsched_gym.sim as sim
+
+    def boom(*a, **k):
+        raise AssertionError("the run started before the output was checked")
+
+    monkeypatch.setattr(sim, "simulate", boom)
+
+
+@pytest.mark.parametrize("flag", ["--json", "--log-iterations"])
+def test_cli_unwritable_outputs_fail_before_the_run(capsys, tmp_path, no_run, flag):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for target, needle in ((tmp_path, "is a directory, expected a file path"),
+                           (a_file / "out.json", "is a file, not a directory"),
+                           (a_file / "deeper" / "out.json", "is a file, not a directory")):
+        rc, _, err = _cli(capsys, "run", "--scenario", "jaillet-low", flag, str(target), "--quiet")
+        assert rc == 2 and err.count("\n") == 1 and needle in err and err.startswith(f"error: {flag}: ")
+
+
+def test_output_checks_accept_new_paths(tmp_path):
+    check_output_file(tmp_path / "a" / "b" / "s.json", "--json")
+    check_output_file(tmp_path / "exists.json", "--json")
+    check_output_dir(tmp_path / "new" / "dir", "--out")
+    check_output_dir(tmp_path, "--out")
+    f = tmp_path / "f"
+    f.write_text("")
+    with pytest.raises(ConfigError, match=r"^--out: .* is a file, expected a directory$"):
+        check_output_dir(f, "--out")
+
+
+@pytest.mark.parametrize("name", ["/abs/path", "../up", "a/b", "..", ".", "", "a\\b"])
+def test_run_name_cannot_escape_out(name):
+    with pytest.raises(ConfigError, match="must be a plain folder name"):
+        check_run_name(name)
+
+
+def test_train_name_escaping_out_exits_2_before_training(capsys, tmp_path):
+    rc, _, err = _cli(capsys, "train", "--name", str(tmp_path / "elsewhere"), "--out", str(tmp_path / "runs"))
+    assert rc == 2 and "--name:" in err and err.count("\n") == 1
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# hyperparameter files
+
+
+def _hp_file(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "hp.yml"
+    p.write_text(text)
+    return str(p)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("default: [unclosed\n", "hyperparams: {p}: line 2: YAML syntax error"),
+    ("- a\n- b\n", "hyperparams: {p}: expected a mapping of scenario names (and default) to entries, got a list"),
+    ("default: 5\n", "hyperparams: hp.yml: default: expected a mapping of n_timesteps"),
+    ("default: {gamma: 1.5}\n", "hyperparams: hp.yml: default.gamma: expected a number in [0, 1], got 1.5"),
+    ("jaillet-low: {n_steps: 0}\n", "hyperparams: hp.yml: jaillet-low.n_steps: expected an integer >= 1, got 0"),
+    ("default: {learning_rate: fast}\n",
+     "hyperparams: hp.yml: default.learning_rate: expected a number > 0, got 'fast'"),
+    ("default: {bc: {from: sjf, epochs: -1}}\n", "hyperparams: hp.yml: default.bc.epochs: expected an integer >= 1"),
+    ("default: {normalize: {norm_obs: maybe}}\n",
+     "hyperparams: hp.yml: default.normalize.norm_obs: expected true or false, got 'maybe'"),
+    ("default: {n_stepz: 3}\n", "hyperparams: hp.yml: default.n_stepz: unknown field; allowed: n_timesteps"),
+])
+def test_malformed_hyperparameter_file_is_one_line(tmp_path, text, message):
+    pytest.importorskip("yaml")
+    from agents.train import load_hyperparams
+
+    path = _hp_file(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_hyperparams("jaillet-low", "ppo", path)
+    assert str(e.value).startswith(message.format(p=path)) and "\n" not in str(e.value)
+
+
+def test_hyperparameter_file_reads_exponent_floats(tmp_path):
+    from agents.train import load_hyperparams
+
+    hp = load_hyperparams("jaillet-low", "ppo", _hp_file(tmp_path, "default: {learning_rate: 1e-4}\n"))
+    assert hp["learning_rate"] == pytest.approx(1e-4)
+
+
+def test_bundled_hyperparameter_files_pass_the_schema():
+    from agents.train import load_hyperparams
+
+    for algo in ("ppo", "maskable-ppo"):
+        for scenario in SCENARIOS:
+            load_hyperparams(scenario, algo)
+
+
+def test_cli_missing_hyperparameter_file_exits_2(capsys, tmp_path):
+    rc, _, err = _cli(capsys, "train", "--hyperparams", str(tmp_path / "none.yml"), "--out", str(tmp_path))
+    assert rc == 2 and err.startswith("error: hyperparams: ") and "no such file" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# the policy catalogue
+
+
+@pytest.mark.parametrize("name", sorted(baselines.POLICIES))
+def test_catalogue_entry_matches_its_class(name):
+    entry = baselines.POLICIES[name]
+    cls = baselines.policy_class(name)
+    assert cls.name == name and entry.target.split(":")[1] == cls.__name__
+    assert list(cls.params.items()) == list(entry.params.items())
+
+
+def test_every_registered_policy_is_catalogued():
+    for name in baselines.POLICIES:
+        baselines.policy_class(name)
+    assert set(baselines.REGISTRY) == set(baselines.POLICIES)
+
+
+def test_unknown_policy_is_one_line():
+    with pytest.raises(baselines.PolicyError, match=r"^policy: unknown 'nope'; allowed: alpha-beta, "):
+        baselines.make_policy("nope")
+
+
+def test_list_and_a_fcfs_run_import_neither_scipy_nor_other_policies():
+    code = ("import sys, io, contextlib\n"
+            "from llmsched_gym.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['list'])\n"
+            "    main(['run', '--scenario', 'jaillet-low', '--policy', 'fcfs', '--set', 'workload.n_requests=20',"
+            " '--quiet'])\n"
+            "print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith('baselines.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['baselines.base', 'baselines.fcfs']"
+
+
+def test_apply_overrides_leaves_the_input_alone():
+    spec = SCENARIOS["jaillet-low"]
+    before = repr(spec)
+    out = apply_overrides(spec, {"engine.block_size": 16, "policy.max_num_seqs": 4})
+    assert repr(spec) == before
+    assert out["engine"]["block_size"] == 16 and out["policy"] == {"name": "mcsf", "max_num_seqs": 4}
