@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from llmsched_gym.config import ConfigError
+
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` shows each option's default, except for flags, repeatable options that start
@@ -109,8 +111,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     from baselines import available, policy_params
     from llmsched_gym.core.latency import list_latency_presets
-    from llmsched_gym.core.scenarios import list_scenarios
+    from llmsched_gym.core.scenarios import get_scenario, list_scenarios, scenario_yaml
 
+    if args.scenario is not None:
+        spec = get_scenario(args.scenario)
+        if args.show:
+            print(f"# scenario {spec['name']}: save as my.yml, edit, then `llmsched run --scenario my.yml`")
+            print(scenario_yaml(spec), end="")
+        else:
+            print(f"{spec['name']}: {spec.get('description', '')}")
+        return 0
+    if args.show:
+        raise ConfigError("--show: give the scenario to print (llmsched list --scenario NAME --show)")
     con = Console()
     t = Table(title="scenarios")
     t.add_column("name")
@@ -226,10 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("list", help="scenarios, policies and latency presets", formatter_class=HelpFormatter)
+    sp.add_argument("--scenario", default=None, help="describe one scenario (a name or a .yml file)")
+    sp.add_argument("--show", action="store_true",
+                    help="with --scenario: print it as a YAML scenario file to edit and run with --scenario FILE")
     sp.set_defaults(func=cmd_list)
 
     sp = sub.add_parser("run", help="run one policy on one scenario", formatter_class=HelpFormatter)
-    sp.add_argument("--scenario", default="azure-conv", help="scenario name (`llmsched list`) or trace:FORMAT:PATH")
+    sp.add_argument("--scenario", default="azure-conv",
+                    help="scenario name (`llmsched list`), a .yml scenario file, or trace:FORMAT:PATH")
     sp.add_argument("--policy", default=None, help="policy name (default: the scenario's)")
     sp.add_argument("--seed", type=int, default=0, help="seeds the workload, the engine and the policy")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -307,8 +323,6 @@ def _maybe_add(sub, module: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llmsched_gym.config import ConfigError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from llmsched_gym.config import apply_overrides, check_scenario, explicit_engine_keys, merge_engine_overrides
+from llmsched_gym.config import explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.metrics import request_table, summarize
-from llmsched_gym.core.scenarios import build_scenario, get_scenario
+from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
 from llmsched_gym.core.scheduler import Scheduler
 
 
@@ -58,10 +58,7 @@ def make_engine(
     log_batches: bool = False,
 ) -> tuple[Engine, dict[str, Any]]:
     """Build a ready-to-run engine for ``scenario`` and ``policy`` (see :func:`simulate`)."""
-    if isinstance(scenario, str):
-        spec = get_scenario(scenario, overrides)
-    else:
-        spec = check_scenario(apply_overrides(scenario, overrides))
+    spec = resolve_scenario(scenario, overrides)
     default = spec.get("policy", "fcfs")
     # --set policy.X=... turns the scenario's policy into a dict; X applies to whichever policy runs
     set_params = {k: v for k, v in default.items() if k != "name"} if isinstance(default, dict) else {}
@@ -90,7 +87,8 @@ def simulate(
 ) -> SimResult:
     """Run ``policy`` on ``scenario`` with ``seed`` and return a :class:`SimResult`.
 
-    :param scenario: a scenario name (``llmsched list``), ``trace:FORMAT:PATH``, or a scenario dict.
+    :param scenario: a scenario name (``llmsched list``), a ``.yml`` scenario file,
+        ``trace:FORMAT:PATH``, or a scenario dict.
     :param policy: a registered policy name, ``{"name": ..., **params}``, or a Scheduler instance;
         defaults to the scenario's policy.
     :param seed: seeds the workload, the engine and the policy.

@@ -118,7 +118,7 @@ def test_scenario_argument_of_wrong_type_is_one_line():
 
     import llmsched_gym  # noqa: F401 (registers the env)
 
-    with pytest.raises(ConfigError, match=r"^scenario: expected a mapping"):
+    with pytest.raises(ConfigError, match=r"^scenario: expected a name \(llmsched list\), a .yml file or a mapping, got 123$"):
         gym.make("LLMSched-v0", scenario=123)
     with pytest.raises(ConfigError, match=r"^engine.kv_capacity_tokens: expected an integer >= 1, got 'a'$"):
         gym.make("LLMSched-v0", scenario="jaillet-low", overrides={"engine.kv_capacity_tokens": "a"})
@@ -400,3 +400,74 @@ def test_apply_overrides_leaves_the_input_alone():
     out = apply_overrides(spec, {"engine.block_size": 16, "policy.max_num_seqs": 4})
     assert repr(spec) == before
     assert out["engine"]["block_size"] == 16 and out["policy"] == {"name": "mcsf", "max_num_seqs": 4}
+
+
+# ---------------------------------------------------------------------------------------------
+# scenario files
+
+
+def _summary(capsys, tmp_path, *argv):
+    out = tmp_path / f"s{len(list(tmp_path.iterdir()))}.json"
+    rc, _, err = _cli(capsys, "run", *argv, "--json", str(out), "--quiet")
+    assert rc == 0, err
+    import json
+
+    s = json.loads(out.read_text())
+    s.pop("wall_time_s")
+    return s
+
+
+def test_scenario_file_round_trip_equals_builtin_with_the_same_set(capsys, tmp_path):
+    rc, shown, _ = _cli(capsys, "list", "--scenario", "jaillet-low", "--show")
+    assert rc == 0
+    edited = shown.replace("kv_capacity_tokens: 16492", "kv_capacity_tokens: 6000")
+    assert edited != shown
+    path = tmp_path / "mine.yml"
+    path.write_text(edited)
+    small = ["--set", "workload.n_requests=150", "--policy", "sjf"]
+    from_file = _summary(capsys, tmp_path, "--scenario", str(path), *small)
+    builtin = _summary(capsys, tmp_path, "--scenario", "jaillet-low", "--set", "engine.kv_capacity_tokens=6000", *small)
+    assert from_file.pop("scenario") == "mine" and builtin.pop("scenario") == "jaillet-low"
+    assert from_file == builtin
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_show_output_loads_back_to_the_builtin_scenario(name):
+    from llmsched_gym.config import yaml_load
+    from llmsched_gym.core.scenarios import scenario_yaml
+
+    spec = get_scenario(name)
+    back = yaml_load(scenario_yaml(spec))
+    assert {**back, "name": name} == spec
+
+
+def test_env_accepts_a_scenario_file(tmp_path):
+    import gymnasium as gym
+
+    from llmsched_gym.core.scenarios import scenario_yaml
+
+    path = tmp_path / "tiny.yml"
+    path.write_text(scenario_yaml(get_scenario("jaillet-low", {"workload.n_requests": 30})))
+    env = gym.make("LLMSched-v0", scenario=str(path), action_mode="select")
+    env.reset(seed=0)
+    assert env.unwrapped._spec["name"] == "tiny" and env.unwrapped._spec["workload"]["n_requests"] == 30
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("workload: {n_requests: 5\n", "scenario: {p}: line 2: YAML syntax error"),
+    ("- 1\n- 2\n", "scenario: {p}: expected a mapping with workload, engine, latency, policy, got list"),
+    ("workload: {n_requests: 5}\nengine: {block_size: maybe}\n",
+     "engine.block_size: expected an integer >= 1, got 'maybe'"),
+    ("engine: {block_size: 16}\n", "scenario.workload: missing"),
+    ("workload: {n_requests: 5}\ncolour: red\n", "scenario.colour: unknown field; allowed: description"),
+])
+def test_malformed_scenario_file_is_one_line(capsys, tmp_path, text, needle):
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    rc, _, err = _cli(capsys, "run", "--scenario", str(path), "--quiet")
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: " + needle.format(p=path))
+
+
+def test_missing_scenario_file_is_one_line(capsys, tmp_path):
+    rc, _, err = _cli(capsys, "run", "--scenario", str(tmp_path / "nope.yml"))
+    assert rc == 2 and err == f"error: scenario: {tmp_path / 'nope.yml'}: no such file\n"

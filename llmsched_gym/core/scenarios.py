@@ -1,6 +1,6 @@
-"""Named scenarios: a workload spec, engine settings and a batch-time model, as plain data.
+"""Scenarios: a workload spec, engine settings and a batch-time model, as plain data (YAML).
 
-A scenario is a nested dict with four sections::
+A scenario is a mapping with four sections::
 
     workload:  the spec of :func:`llmsched_gym.core.workload.build_workload` (or ``explicit``
                arrays for hand-made instances)
@@ -8,7 +8,10 @@ A scenario is a nested dict with four sections::
     latency:   a :func:`llmsched_gym.core.latency.make_latency` spec
     policy:    the default policy name (``--policy`` overrides it)
 
-plus ``description`` and ``paper`` (where it comes from). Override any leaf with a dotted key
+plus ``description`` and ``paper`` (where it comes from). The built-in scenarios are the YAML files
+in ``llmsched_gym/scenarios/``; ``llmsched list --scenario NAME --show`` prints one to start from,
+and ``--scenario my.yml`` (or ``gymnasium.make(..., scenario="my.yml")``) runs a file with the same
+schema, checked by :func:`llmsched_gym.config.check_scenario`. Override any leaf with a dotted key
 (``--set workload.n_requests=500 --set engine.kv_capacity_tokens=20000``); values are parsed as
 YAML scalars. ``--scenario trace:azure:PATH`` (or ``trace:vtc:``, ``trace:csv:``, ``trace:jsonl:``,
 ``trace:sharegpt:``) runs a trace file on the ``azure-conv`` engine settings.
@@ -18,137 +21,20 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 from typing import Any
 
-from llmsched_gym.config import ConfigError, apply_overrides, check_scenario
+from llmsched_gym.config import ConfigError, apply_overrides, check_scenario, load_yaml, yaml_load
 from llmsched_gym.core.engine import EngineConfig
 from llmsched_gym.core.latency import LatencyModel, make_latency
 from llmsched_gym.core.request import Workload, WorkloadError
 
-LMSYS_PROMPT = {"type": "lognormal", "mean": 40.62, "median": 11, "max": 4096}
-LMSYS_OUTPUT = {"type": "lognormal", "mean": 85.32, "median": 45, "max": 4096}
-
-
-def _jaillet(rate: float) -> dict[str, Any]:
-    return {
-        "description": f"Jaillet et al. 2025, section 7: Poisson {rate:g}/s, LMSYS-like word-count lengths "
-        "(lognormal fits of mean/median), Llama-2-70B on 2xA100 with M = 16,492 tokens, token-level KV, "
-        "prefill emits no token (convention A).",
-        "paper": "Jaillet et al. 2025, section 7",
-        "workload": {"arrival": {"type": "poisson", "rate": rate}, "n_requests": 10_000,
-                     "prompt": LMSYS_PROMPT, "output": LMSYS_OUTPUT},
-        "engine": {"kv_capacity_tokens": 16_492, "block_size": 1, "prefill_emits_token": False,
-                   "overflow": "forbid", "kv_bytes_per_token": 327_680},
-        "latency": "roofline:llama-2-70b/2xa100",
-        "policy": "mcsf",
-    }
-
-
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIO_SUFFIXES = (".yml", ".yaml")
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "azure-conv": {
-        "description": "Azure LLM inference trace 2023 (conversation, 19,366 requests, its own arrival times); "
-        "Llama-2-7B on one A100 (roofline), paged KV with 118,784 tokens (7,424 blocks of 16) as Vidur "
-        "sets it, vLLM-style LIFO preemption with recompute. A cut (n_requests, horizon_s) starts at a seeded row. Without the trace (`llmsched data download "
-        "azure-conv`) it runs a synthetic stand-in fitted to the trace's statistics, and says so.",
-        "paper": "Azure trace of Patel et al. 2024 (Splitwise); capacity as Vidur sets it in Ao et al. 2025, section 6",
-        "workload": {"trace": {"format": "azure", "window": "random"}},
-        "engine": {"kv_capacity_tokens": 118_784, "block_size": 16, "prefill_emits_token": True,
-                   "overflow": "preempt_lifo_recompute", "kv_bytes_per_token": 524_288},
-        "latency": "roofline:llama-2-7b/a100",
-        "policy": "fcfs",
-    },
-    "jaillet-high": _jaillet(50.0),
-    "jaillet-low": _jaillet(10.0),
-    "jaillet-noisy": {
-        **_jaillet(50.0),
-        "description": "jaillet-high with output lengths known only through a noisy prediction "
-        "(round(true x U(0.5, 1.5)); Jaillet et al. 2025, section 8.1, bounds the error instead): memory-aware admission can "
-        "under-reserve, so overflow preempts the newest request and recomputes it (vLLM-style).",
-        "workload": {**_jaillet(50.0)["workload"], "predictor": {"type": "noisy", "x": 0.5}},
-        "engine": {**_jaillet(50.0)["engine"], "overflow": "preempt_lifo_recompute"},
-    },
-    "vtc-arena": {
-        "description": "Sheng et al. 2024's real workload (section 5.3): the 27-client Chatbot Arena trace (1,500 requests over "
-        "600 s), Llama-2-7B on an A10G (the affine fit to Sheng et al.'s profile), token-level KV pool of 10,000 tokens. "
-        "Without the trace it runs a synthetic 27-client stand-in with the same size and mean lengths, and says so.",
-        "paper": "Sheng et al. 2024, section 5.3",
-        "workload": {"trace": {"format": "vtc"}},
-        "engine": {"kv_capacity_tokens": 10_000, "block_size": 1, "prefill_emits_token": True,
-                   "overflow": "preempt_lifo_recompute"},
-        "latency": "affine",
-        "policy": "fcfs",
-    },
-    "wait-high": {
-        "description": "Ao et al. 2025, high demand (section 6.1): three types (l=20; l'=100/200/300; rates "
-        "6000/4000/2000 req/s), 10,000 requests (a burst then a drain, as in the companion code), "
-        "Llama-3-8B on an A100 with Vidur's 483,328-token capacity, paged KV, prefill emits no token.",
-        "paper": "Ao et al. 2025, section 6.1",
-        "workload": {"types": [{"rate": 6000, "prompt": 20, "output": 100},
-                               {"rate": 4000, "prompt": 20, "output": 200},
-                               {"rate": 2000, "prompt": 20, "output": 300}],
-                     "n_requests": 10_000},
-        "engine": {"kv_capacity_tokens": 483_328, "block_size": 16, "prefill_emits_token": False,
-                   "overflow": "preempt_lifo_recompute", "preempt_mode": "restart",
-                   "kv_bytes_per_token": 131_072},
-        "latency": "roofline:llama-3-8b/a100",
-        "policy": "fcfs",
-    },
-    "nested-synth4": {
-        "description": "Ao et al. 2025, Nested WAIT synthetic 4-type workload (Fig. 11): prefill 10, decode "
-        "20/40/80/160, rates 20/40/80/160 req/s (the companion code's values), 15,000 requests, "
-        "Llama-3-8B on an A100.",
-        "paper": "Ao et al. 2025, section 6.2",
-        "workload": {"types": [{"rate": 20, "prompt": 10, "output": 20},
-                               {"rate": 40, "prompt": 10, "output": 40},
-                               {"rate": 80, "prompt": 10, "output": 80},
-                               {"rate": 160, "prompt": 10, "output": 160}],
-                     "n_requests": 15_000},
-        "engine": {"kv_capacity_tokens": 483_328, "block_size": 16, "prefill_emits_token": False,
-                   "overflow": "preempt_lifo_recompute", "preempt_mode": "restart",
-                   "kv_bytes_per_token": 131_072},
-        "latency": "roofline:llama-3-8b/a100",
-        "policy": "fcfs",
-    },
-    "klpm-toy": {
-        "description": "Dexter et al. 2025's toy example (section 4.2): queries U1D1, U2D2, U1D3, U2D4 (user and "
-        "document segments of 5 tokens) all at t = 0, batch size 1, cost = uncached prompt tokens "
-        "(c_attn = 0), a cache holding only the last prompt. FCFS max TTFT 40, LPM 30.",
-        "paper": "Dexter et al. 2025, section 4.2",
-        "workload": {"explicit": {
-            "arrival_s": [0, 0, 0, 0], "prompt_tokens": [10, 10, 10, 10], "output_tokens": [1, 1, 1, 1],
-            "prefix": [[[1, 5], [11, 5]], [[2, 5], [12, 5]], [[1, 5], [13, 5]], [[2, 5], [14, 5]]]}},
-        "engine": {"kv_capacity_tokens": 11, "block_size": 1, "prefill_emits_token": True,
-                   "overflow": "forbid", "prefix_cap_prompt_minus_one": False},
-        "latency": {"type": "affine", "prefill_base_s": 0.0, "prefill_per_seq_s": 0.0,
-                    "prefill_per_token_s": 1.0, "prefill_per_ctx_s": 0.0, "decode_base_s": 0.0,
-                    "decode_per_seq_s": 0.0, "decode_per_kv_s": 0.0},
-        "policy": "fcfs",
-    },
-    "echo-hybrid": {
-        "description": "Echo (Wang et al. 2025, section 7.1): online requests (diurnal Poisson, ShareGPT-like lengths, TTFT 1 s / "
-        "TPOT 0.05 s SLOs) co-scheduled with an offline pool submitted at t = 0 (LooGLE-like long "
-        "shared-document prompts; 40,000 of them, more than a 10-minute window can serve, so the "
-        "offline queue never drains), Llama-3.1-8B (~150K KV tokens), paged KV with prefix caching. "
-        "Time compressed to a 10-minute window; the run stops at 600 s and reports the rest unfinished.",
-        "paper": "Wang et al. 2025 (Echo), section 7.1",
-        "workload": {
-            "arrival": {"type": "diurnal", "mean_rate": 4.0, "amplitude": 0.7142857, "period_s": 600.0,
-                        "peak_s": 300.0},
-            "horizon_s": 600.0,
-            "prompt": {"type": "lognormal", "mean": 308, "median": 150, "max": 2048},
-            "output": {"type": "lognormal", "mean": 270, "median": 239, "max": 1024},
-            "classes": {"ttft_slo_s": 1.0, "tpot_slo_s": 0.05,
-                        "offline": {"n_requests": 40_000, "prompt": {"type": "uniform", "lo": 60, "hi": 300},
-                                    "output": {"type": "uniform", "lo": 16, "hi": 128},
-                                    "prefix": {"type": "system", "groups": 40, "tokens": 4096}}},
-        },
-        "engine": {"kv_capacity_tokens": 150_000, "block_size": 16, "prefill_emits_token": True,
-                   "overflow": "preempt_lifo_recompute", "kv_bytes_per_token": 131_072,
-                   "horizon_s": 600.0},
-        "latency": "roofline:llama-3.1-8b/h100",
-        "policy": "fcfs",
-    },
+    p.stem: yaml_load(p.read_text(encoding="utf-8")) for p in sorted(SCENARIO_DIR.glob("*.yml"))
 }
+"""The built-in scenarios by name (``llmsched_gym/scenarios/NAME.yml``)."""
 DEFAULT_SCENARIO = "azure-conv"
 _FIELD_FIRST = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
 
@@ -161,8 +47,24 @@ def list_scenarios() -> dict[str, str]:
     return {k: v["description"] for k, v in SCENARIOS.items()}
 
 
+def load_scenario_file(path: str | Path) -> dict[str, Any]:
+    """A scenario from a YAML file (the schema of the built-in ones); its name is the file's stem
+    unless the file sets ``name``."""
+    spec = load_yaml(path, "scenario")
+    if not isinstance(spec, dict):
+        raise ScenarioError(f"scenario: {path}: expected a mapping with workload, engine, latency, policy, "
+                            f"got {type(spec).__name__}")
+    return {"name": Path(path).stem, **spec}
+
+
 def get_scenario(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The scenario dict for ``name`` (a registered name or ``trace:FORMAT:PATH``), overridden."""
+    """The checked scenario dict for ``name`` (a built-in name, a ``.yml`` file or
+    ``trace:FORMAT:PATH``), with dotted ``overrides`` applied.
+
+    :raises ConfigError: on an unknown name, an unreadable file or any field that fails the schema.
+    """
+    if not isinstance(name, str):
+        raise ScenarioError(f"scenario: expected a name (llmsched list), a .yml file or a mapping, got {name!r}")
     if name.startswith("trace:"):
         try:
             _, fmt, path = name.split(":", 2)
@@ -174,13 +76,61 @@ def get_scenario(name: str, overrides: dict[str, Any] | None = None) -> dict[str
         spec = base
     elif name in SCENARIOS:
         spec = SCENARIOS[name]
+    elif name.endswith(SCENARIO_SUFFIXES):
+        spec = load_scenario_file(name)
     else:
         raise ScenarioError(
-            f"scenario: unknown {name!r}; allowed: {', '.join(SCENARIOS)} or trace:FORMAT:PATH"
+            f"scenario: unknown {name!r}; allowed: {', '.join(SCENARIOS)}, a .yml file or trace:FORMAT:PATH"
         )
     spec = check_scenario(apply_overrides(spec, overrides))
-    spec["name"] = name
+    spec.setdefault("name", name)
     return spec
+
+
+def resolve_scenario(scenario: str | dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`get_scenario` for a name or file, or a checked copy of a scenario mapping (named
+    ``custom`` unless it has a name), with ``overrides`` applied."""
+    if isinstance(scenario, str):
+        return get_scenario(scenario, overrides)
+    if not isinstance(scenario, dict):
+        raise ScenarioError(f"scenario: expected a name (llmsched list), a .yml file or a mapping, "
+                            f"got {scenario!r}")
+    spec = check_scenario(apply_overrides(scenario, overrides))
+    spec.setdefault("name", "custom")
+    return spec
+
+
+class _Block(dict):
+    """A mapping written in block style (the top level and the sections)."""
+
+
+def _leaf(v: Any) -> bool:
+    """A plain value or a (nested) list of plain values: written on one line."""
+    return not isinstance(v, dict | list) or (isinstance(v, list) and all(_leaf(x) for x in v))
+
+
+def _flat(v: Any) -> bool:
+    """A plain value or a list of plain values: a mapping of these is written on one line."""
+    return not isinstance(v, dict | list) or (isinstance(v, list) and not any(isinstance(x, dict | list) for x in v))
+
+
+def scenario_yaml(spec: dict[str, Any]) -> str:
+    """``spec`` as a YAML scenario file (what ``llmsched list --scenario NAME --show`` prints):
+    sections in block style, mappings and lists of plain values on one line, long text folded.
+    Loading the text gives ``spec`` back (without its ``name``, which a file takes from its stem)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(_Block, lambda d, m: d.represent_mapping("tag:yaml.org,2002:map", m.items(), False))
+    Dumper.add_representer(dict, lambda d, m: d.represent_mapping("tag:yaml.org,2002:map", m.items(),
+                                                                  all(_flat(v) for v in m.values())))
+    Dumper.add_representer(list, lambda d, x: d.represent_sequence("tag:yaml.org,2002:seq", x, _leaf(x)))
+    Dumper.add_representer(str, lambda d, t: d.represent_scalar("tag:yaml.org,2002:str", t,
+                                                                ">" if len(t) > 80 else None))
+    body = _Block({k: _Block(v) if isinstance(v, dict) else v for k, v in spec.items() if k != "name"})
+    return yaml.dump(body, Dumper=Dumper, sort_keys=False, width=100, allow_unicode=True)
 
 
 def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineConfig, LatencyModel]:

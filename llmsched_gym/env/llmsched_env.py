@@ -11,11 +11,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from llmsched_gym.config import ConfigError, Setting, apply_overrides, check_scenario
+from llmsched_gym.config import ConfigError, Setting
 from llmsched_gym.core.batching import BatchBuilder
 from llmsched_gym.core.engine import RUNNING, WAITING, Engine
 from llmsched_gym.core.metrics import summarize
-from llmsched_gym.core.scenarios import get_scenario
+from llmsched_gym.core.scenarios import resolve_scenario
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.env import observation as obs_mod
 from llmsched_gym.env.actions import (
@@ -189,7 +189,7 @@ class LLMSchedEnv(gym.Env):
 
     **Arguments.**
 
-    * ``scenario``: a scenario name (``llmsched list``) or a scenario dict; default ``jaillet-high``.
+    * ``scenario``: a scenario name (``llmsched list``), a ``.yml`` scenario file or a scenario dict; default ``jaillet-high``.
     * ``action_mode``: ``select`` | ``subset`` | ``priority`` | ``knob`` | ``meta`` | ``tune``.
     * ``reward``: weights (see above), or one component name.
     * ``K``: number of queue slots (default 32).
@@ -278,11 +278,7 @@ class LLMSchedEnv(gym.Env):
             self._overrides["engine.horizon_s"] = Setting("float", gt=0).check("horizon_s", horizon_s)
         if latency is not None:
             self._overrides["latency"] = latency
-        if isinstance(scenario, str):
-            self._spec = get_scenario(scenario, self._overrides)
-        else:
-            self._spec = check_scenario(apply_overrides(scenario, self._overrides))
-            self._spec.setdefault("name", "custom")
+        self._spec = resolve_scenario(scenario, self._overrides)
         from llmsched_gym.sim import make_policy
 
         self.switch = self.base = None
