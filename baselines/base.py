@@ -1,14 +1,17 @@
 """Registry of scheduling policies and shared helpers.
 
-A new baseline costs one file and one decorator::
+A new baseline costs one file with a decorated class::
 
     @register("my-policy")
     class MyPolicy(Scheduler):
         params = {"alpha": 0.1}
         def schedule(self, view): ...
 
-``make_policy("my-policy", alpha=0.2)`` builds it; parameters not listed in ``params`` are
-rejected with a one-line error naming the policy, the parameter and the allowed names.
+and, for one in this package, one line in the catalogue (``baselines.POLICIES``:
+``"my-policy": PolicyEntry("my_module:MyPolicy", {"alpha": 0.1})``), so that it is listed without
+importing its module. ``make_policy("my-policy", alpha=0.2)`` builds it; a parameter not listed in
+``params``, or of another type than its default (``True`` for an integer, ``"no"`` for a boolean),
+is rejected with a one-line error naming the parameter and what is allowed.
 """
 
 from __future__ import annotations
