@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from llmsched_gym.config import ConfigError
 from llmsched_gym.parallel import add_arguments as add_parallel_arguments
 
 
@@ -29,9 +30,9 @@ def _loads(text: str) -> list[float]:
     try:
         loads = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"loads: {text!r} is not a list of numbers like 0.8,1,1.2") from None
+        raise ConfigError(f"loads: {text!r} is not a list of numbers like 0.8,1,1.2") from None
     if not loads or any(x <= 0 for x in loads):
-        raise ValueError(f"loads: {text!r} must be positive numbers")
+        raise ConfigError(f"loads: {text!r} must be positive numbers")
     return loads
 
 
@@ -45,7 +46,7 @@ def _policies(text: str | None) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in names if p not in available()]
     if unknown:
-        raise ValueError(f"policies: unknown {unknown[0]!r}; allowed: all, none, {', '.join(available())}")
+        raise ConfigError(f"policies: unknown {unknown[0]!r}; allowed: all, none, {', '.join(available())}")
     return names
 
 
@@ -94,7 +95,7 @@ def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str
         runs = [Path(m) if Path(m).is_dir() else Path(m).parent for m in models]
         metas = [json.loads((r / "run.json").read_text()) for r in runs if (r / "run.json").exists()]
         if not metas:
-            raise ValueError("scenario: give --scenario (no run.json names one)")
+            raise ConfigError("scenario: give --scenario (no run.json names one)")
         scenario = metas[0]["scenario"]
     out = args.out or str(Path(default_out) / (Path(models[0]).name if models else scenario))
     check_output_dir(out, "--out")

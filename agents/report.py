@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.config import ConfigError
 from llmsched_gym.parallel import Cell, Settings, run_cells
 
 # (key, label, getter, lower is better)
@@ -69,9 +70,9 @@ def parse_seeds(text: str) -> list[int]:
             lo, _, hi = part.partition("-")
             seeds.extend(range(int(lo), int(hi or lo) + 1))
         except ValueError:
-            raise ValueError(f"seeds: {text!r} is not a list like 0-4 or 1,3,5") from None
+            raise ConfigError(f"seeds: {text!r} is not a list like 0-4 or 1,3,5") from None
     if not seeds:
-        raise ValueError(f"seeds: {text!r} names no seed")
+        raise ConfigError(f"seeds: {text!r} names no seed")
     return seeds
 
 
@@ -85,7 +86,7 @@ def scenario_spec(scenario: str | dict, overrides: dict[str, Any] | None = None,
         arrival = spec.get("workload", {}).get("arrival")
         key = next((k for k in ("rate", "mean_rate") if isinstance(arrival, dict) and k in arrival), None)
         if key is None:
-            raise ValueError(f"loads: scenario {spec.get('name')!r} has no workload.arrival.rate to scale")
+            raise ConfigError(f"loads: scenario {spec.get('name')!r} has no workload.arrival.rate to scale")
         arrival[key] = float(arrival[key]) * load
     return spec
 

@@ -325,7 +325,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     check_output_dir(run_dir, "out")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     if cfg.vec not in ("dummy", "subproc"):
-        raise ValueError(f"vec: {cfg.vec!r} is not one of dummy, subproc")
+        raise ConfigError(f"vec: {cfg.vec!r} is not one of dummy, subproc")
 
     # 2. envs: training workloads from seed TRAIN_SEED_BASE + 1000 * seed on
     n_envs = int(hp.get("n_envs", 1))
@@ -404,7 +404,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     limit = None
     if cfg.max_minutes is not None:
         if cfg.max_minutes <= 0:
-            raise ValueError(f"max_minutes: must be > 0, got {cfg.max_minutes!r}")
+            raise ConfigError(f"max_minutes: must be > 0, got {cfg.max_minutes!r}")
         limit = WallClockLimit(cfg.max_minutes, start=t0)
         callbacks.append(limit)
     if cfg.progress:

@@ -12,6 +12,8 @@ import math
 import numpy as np
 from gymnasium import spaces
 
+from llmsched_gym.config import ConfigError
+
 ACTION_MODES = ("select", "subset", "priority", "knob", "tune", "meta")
 INVALID_ACTION = ("noop", "raise")
 
@@ -33,14 +35,14 @@ def check_budgets(budgets) -> tuple[int | None, ...]:
     try:
         out = tuple(None if b is None else b for b in budgets)
     except TypeError:
-        raise ValueError(f"budgets: expected a list of token budgets (integers >= 1, or None), got {budgets!r}") from None
+        raise ConfigError(f"budgets: expected a list of token budgets (integers >= 1, or None), got {budgets!r}") from None
     if not out:
-        raise ValueError("budgets: must name at least one token budget (integers >= 1, or None for unlimited)")
+        raise ConfigError("budgets: must name at least one token budget (integers >= 1, or None for unlimited)")
     for b in out:
         if b is not None and (isinstance(b, bool) or not isinstance(b, int | np.integer) or b < 1):
-            raise ValueError(f"budgets: {b!r} is not an integer >= 1 or None (unlimited)")
+            raise ConfigError(f"budgets: {b!r} is not an integer >= 1 or None (unlimited)")
     if len(set(out)) != len(out):
-        raise ValueError(f"budgets: {list(out)} has duplicates")
+        raise ConfigError(f"budgets: {list(out)} has duplicates")
     return tuple(None if b is None else int(b) for b in out)
 
 
@@ -48,19 +50,19 @@ def check_tune(knobs: dict, params: dict) -> dict[str, tuple[float, float]]:
     """Validate ``tune`` knobs against the base policy's ``params``: ``{name: (low, high)}``,
     ``0 < low < high`` (log-uniform)."""
     if not isinstance(knobs, dict) or not knobs:
-        raise ValueError(f"tune: expected a dict {{parameter: [low, high]}}, got {knobs!r}")
+        raise ConfigError(f"tune: expected a dict {{parameter: [low, high]}}, got {knobs!r}")
     out = {}
     for name, rng in knobs.items():
         if name not in params:
-            raise ValueError(f"tune.{name}: not a parameter of the base policy; allowed: {', '.join(sorted(params)) or 'none'}")
+            raise ConfigError(f"tune.{name}: not a parameter of the base policy; allowed: {', '.join(sorted(params)) or 'none'}")
         if not isinstance(params[name], int | float) or isinstance(params[name], bool):
-            raise ValueError(f"tune.{name}: only numeric parameters can be tuned (default {params[name]!r})")
+            raise ConfigError(f"tune.{name}: only numeric parameters can be tuned (default {params[name]!r})")
         try:
             lo, hi = (float(x) for x in rng)
         except (TypeError, ValueError):
-            raise ValueError(f"tune.{name}: expected [low, high], got {rng!r}") from None
+            raise ConfigError(f"tune.{name}: expected [low, high], got {rng!r}") from None
         if not 0 < lo < hi or not math.isfinite(hi):
-            raise ValueError(f"tune.{name}: need 0 < low < high, got [{lo}, {hi}]")
+            raise ConfigError(f"tune.{name}: need 0 < low < high, got [{lo}, {hi}]")
         out[name] = (lo, hi)
     return out
 

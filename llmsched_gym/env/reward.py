@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmsched_gym.config import ConfigError
 from llmsched_gym.core.metrics import client_service
 
 if TYPE_CHECKING:
@@ -43,15 +44,15 @@ def parse_weights(reward: str | dict | None) -> dict[str, float | dict[str, floa
     if isinstance(reward, str):
         reward = {reward: 1.0}
     if not isinstance(reward, dict):
-        raise ValueError(f"reward: expected a dict of weights or a component name, got {reward!r}")
+        raise ConfigError(f"reward: expected a dict of weights or a component name, got {reward!r}")
     out: dict[str, float | dict[str, float]] = {}
     for key, w in reward.items():
         if key not in REWARD_COMPONENTS:
-            raise ValueError(f"reward.{key}: unknown component; allowed: {', '.join(REWARD_COMPONENTS)}")
+            raise ConfigError(f"reward.{key}: unknown component; allowed: {', '.join(REWARD_COMPONENTS)}")
         if key == "slo" and isinstance(w, dict):
             bad = set(w) - set(CLASS_NAMES)
             if bad:
-                raise ValueError(f"reward.slo.{sorted(bad)[0]}: unknown class; allowed: online, offline")
+                raise ConfigError(f"reward.slo.{sorted(bad)[0]}: unknown class; allowed: online, offline")
             out[key] = {c: _finite(w.get(c, 0.0), f"reward.slo.{c}") for c in CLASS_NAMES}
         else:
             out[key] = _finite(w, f"reward.{key}")
@@ -62,9 +63,9 @@ def _finite(value, name: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number, got {value!r}") from None
+        raise ConfigError(f"{name}: expected a number, got {value!r}") from None
     if not np.isfinite(v):
-        raise ValueError(f"{name}: must be finite, got {value!r}")
+        raise ConfigError(f"{name}: must be finite, got {value!r}")
     return v
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.config import ConfigError
 from llmsched_gym.reproduce import PAPERS
 from llmsched_gym.reproduce.report import (
     PaperReport,
@@ -264,7 +265,7 @@ def run_jaillet(quick: bool = False) -> PaperReport:
 def run_paper(paper: str, quick: bool, out: str | Path | None = None) -> Path:
     """Run one paper's reproduction and write its report; returns the report path."""
     if paper not in PAPERS:
-        raise ValueError(f"reproduce: unknown paper {paper!r}; allowed: {', '.join(PAPERS)}")
+        raise ConfigError(f"reproduce: unknown paper {paper!r}; allowed: {', '.join(PAPERS)}")
     t0 = time.perf_counter()
     if paper == "jaillet":
         report = run_jaillet(quick)
