@@ -120,9 +120,9 @@ def run_baseline(spec: dict, name: str, seed: int, load: float = 1.0,
 
 def params_for(name: str, policy_params: dict[str, Any]) -> dict[str, Any]:
     """The ``--set policy.X`` values that policy ``name`` accepts (the others are for other policies)."""
-    from baselines import available, policy_params
+    import baselines
 
-    accepted = policy_params(name) if name in available() else {}
+    accepted = baselines.policy_params(name) if name in baselines.available() else {}
     return {k: v for k, v in policy_params.items() if k in accepted}
 
 

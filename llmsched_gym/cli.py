@@ -335,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2
+    except MemoryError:
+        print("error: out of memory (fewer requests: workload.n_requests or workload.horizon_s)", file=sys.stderr)
+        return 2
     return rc or 0
 
 

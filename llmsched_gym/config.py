@@ -81,11 +81,11 @@ class Setting:
             lo = ("(", self.gt) if self.gt is not None else ("[", self.ge) if self.ge is not None else None
             hi = (")", self.lt) if self.lt is not None else ("]", self.le) if self.le is not None else None
             if lo and hi:
-                text += f" in {lo[0]}{lo[1]:g}, {hi[1]:g}{hi[0]}"
+                text += f" in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
             elif lo:
-                text += f" {'>' if lo[0] == '(' else '>='} {lo[1]:g}"
+                text += f" {'>' if lo[0] == '(' else '>='} {_num(lo[1])}"
             elif hi:
-                text += f" {'<' if hi[0] == ')' else '<='} {hi[1]:g}"
+                text += f" {'<' if hi[0] == ')' else '<='} {_num(hi[1])}"
         return f"null or {text}" if self.nullable else text
 
     def check(self, path: str, value: Any) -> Any:
@@ -106,6 +106,10 @@ class Setting:
             return True
         return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
                 and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def _as_kind(kind: str, value: Any) -> tuple[bool, Any]:
@@ -190,6 +194,16 @@ ENGINE: dict[str, Setting] = {
     "fast_forward": Setting("bool"),
 }
 
+MAX_REQUESTS = 100_000_000
+"""Largest ``n_requests`` of a workload: the engine keeps about 1 KB per request, so a larger run
+would exhaust memory instead of failing with a message."""
+
+#: Top-level workload fields checked here (build_workload checks the rest of the section).
+WORKLOAD: dict[str, Setting] = {
+    "n_requests": Setting("int", ge=0, le=MAX_REQUESTS, nullable=True),
+    "horizon_s": Setting("float", gt=0, nullable=True),
+}
+
 #: The top level of a scenario (a built-in one, a ``--scenario my.yml`` file, or a dict).
 SCENARIO: dict[str, Setting] = {
     "description": Setting("str"),
@@ -218,6 +232,10 @@ def check_scenario(spec: Any) -> dict[str, Any]:
     out = {k: out[k] for k in spec}  # the caller's order
     if "workload" not in out:
         raise ConfigError("scenario.workload: missing; a scenario needs a workload section")
+    out["workload"] = dict(out["workload"])
+    for key, setting in WORKLOAD.items():
+        if key in out["workload"]:
+            out["workload"][key] = setting.check(f"workload.{key}", out["workload"][key])
     if "engine" in out:
         out["engine"] = check_engine(out["engine"])
     policy = out.get("policy")
@@ -493,7 +511,7 @@ def check_run_name(name: str | None, flag: str = "--name") -> None:
 
 
 __all__ = [
-    "ENGINE", "HYPERPARAMS", "OVERFLOW_HANDLERS", "PREEMPT_MODES", "SCENARIO", "ConfigError", "Setting",
+    "ENGINE", "HYPERPARAMS", "MAX_REQUESTS", "OVERFLOW_HANDLERS", "PREEMPT_MODES", "SCENARIO", "WORKLOAD", "ConfigError", "Setting",
     "apply_overrides", "check_engine", "check_hyperparams", "check_output_dir", "check_output_file",
     "check_run_name", "check_scenario", "check_section", "coerce_like", "explicit_engine_keys", "load_yaml",
     "merge_engine_overrides", "parse_sets", "parse_value", "split_policy_sets", "yaml_load",

@@ -63,6 +63,10 @@ MALFORMED = [
     ({"latency.x": 1}, "latency.x: latency is 'roofline:llama-2-70b/2xa100', not a section; set latency=VALUE instead"),
     ({"description.x": 1}, "description.x: description is a string, not a section"),
     ({"engine..x": 1}, "overrides: 'engine..x' is not a dotted key like engine.block_size"),
+    ({"workload.n_requests": "abc"}, "workload.n_requests: expected null or an integer in [0, 100,000,000], got 'abc'"),
+    ({"workload.n_requests": 10**15},
+     "workload.n_requests: expected null or an integer in [0, 100,000,000], got 1000000000000000"),
+    ({"workload.horizon_s": "abc"}, "workload.horizon_s: expected null or a number > 0, got 'abc'"),
     ({"latency": 5}, "scenario.latency: expected a string or a mapping, got 5"),
     ({"policy": ["fcfs"]}, "scenario.policy: expected a string or a mapping, got ['fcfs']"),
     ({"policy.name": 3}, "policy.name: expected a policy name (a string), got 3"),
@@ -79,9 +83,9 @@ def test_malformed_override_is_one_line_naming_field_value_and_allowed(overrides
 
 # (scenario overrides that pass the schema and fail when the workload is built, message)
 MALFORMED_WORKLOAD = [
-    ({"workload.n_requests": "abc"}, "workload.n_requests: expected an integer >= 0, got 'abc'"),
-    ({"workload.horizon_s": "abc"}, "workload.horizon_s: expected a number > 0, got 'abc'"),
     ({"workload.prompt.mean": -1}, "workload.prompt.mean"),
+    ({"workload.n_requests": None, "workload.horizon_s": 1e300},
+     "workload.arrival.horizon_s: 1e+300 s at 10 requests/s is about 1e+301 requests; at most 100,000,000"),
     ({"workload.colour": 1}, "workload.colour"),
 ]
 
@@ -242,7 +246,8 @@ def _cli(capsys, *argv):
     ("engine.block_size=x", "engine.block_size: expected an integer >= 1, got 'x'"),
     ("engine.block_size=1.5", "engine.block_size: expected an integer >= 1, got 1.5"),
     ("engine.horizon_s=abc", "engine.horizon_s: expected null or a number > 0, got 'abc'"),
-    ("workload.horizon_s=abc", "workload.horizon_s: expected a number > 0, got 'abc'"),
+    ("workload.horizon_s=abc", "workload.horizon_s: expected null or a number > 0, got 'abc'"),
+    ("workload.n_requests=1e15", "workload.n_requests: expected null or an integer in [0, 100,000,000], got 1000000000000000.0"),
     ("engine.max_iterations=x", "engine.max_iterations: expected null or an integer >= 1, got 'x'"),
     ("engine.block_size.x=1", "engine.block_size.x: unknown engine field"),
     ("engine.prefill_emits_token=maybe", "engine.prefill_emits_token: expected true or false, got 'maybe'"),

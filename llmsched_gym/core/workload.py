@@ -99,6 +99,7 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.config import MAX_REQUESTS
 from llmsched_gym.core.request import OFFLINE, ONLINE, Segments, Workload, WorkloadError
 
 RngLike = np.random.Generator | int | None
@@ -127,9 +128,16 @@ def _num(value: Any, name: str, *, gt: float | None = None, ge: float | None = N
 def _bounds(n: int | None, horizon_s: float | None) -> tuple[int | None, float | None]:
     if n is None and horizon_s is None:
         raise WorkloadError("n_requests: give n_requests and/or horizon_s")
-    n = None if n is None else int(_num(n, "n_requests", ge=0, integer=True))
+    n = None if n is None else int(_num(n, "n_requests", ge=0, le=MAX_REQUESTS, integer=True))
     horizon_s = None if horizon_s is None else _num(horizon_s, "horizon_s", gt=0)
     return n, horizon_s
+
+
+def _expected(horizon_s: float, rate: float) -> None:
+    """Refuse a horizon that would draw more than MAX_REQUESTS arrivals (memory, not a message)."""
+    if horizon_s * rate > MAX_REQUESTS:
+        raise WorkloadError(f"horizon_s: {horizon_s:g} s at {rate:g} requests/s is about {horizon_s * rate:.3g} "
+                            f"requests; at most {MAX_REQUESTS:,} (shorten it or set n_requests)")
 
 
 def _cut(t: np.ndarray, n: int | None, horizon_s: float | None) -> np.ndarray:
@@ -147,6 +155,7 @@ def _renewal(draw_gaps: Callable[[int], np.ndarray], mean_gap: float, n: int | N
     if n is not None:
         return _cut(np.cumsum(draw_gaps(n)), None, horizon_s)
     assert horizon_s is not None  # _bounds guarantees one bound
+    _expected(horizon_s, 1.0 / mean_gap)
     chunks, t0 = [], 0.0
     size = int(horizon_s / mean_gap * 1.1) + 16
     while t0 < horizon_s:
@@ -187,6 +196,7 @@ def deterministic(rate: float, *, n: int | None = None, horizon_s: float | None 
         count = n
     else:
         assert horizon_s is not None  # _bounds guarantees one bound
+        _expected(horizon_s, rate)
         count = math.ceil(horizon_s * rate) + 1
     return _cut(np.arange(1, count + 1) / rate, n, horizon_s)
 
