@@ -142,7 +142,7 @@ def load_hyperparams(scenario: str, algo: str, path: str | None = None) -> dict[
         raise ConfigError(f"hyperparams: {p}: expected a mapping of scenario names (and default) to entries, "
                           f"got a {type(table).__name__}")
     for key, entry in table.items():
-        check_hyperparams(entry, f"hyperparams: {p.name}: {key}")
+        check_hyperparams(entry, f"hyperparams: {p}: {key}")
     return _merge(table.get("default") or {}, table.get(scenario) or {})
 
 

@@ -324,15 +324,15 @@ def _hp_file(tmp_path: Path, text: str) -> str:
 @pytest.mark.parametrize("text, message", [
     ("default: [unclosed\n", "hyperparams: {p}: line 2: YAML syntax error"),
     ("- a\n- b\n", "hyperparams: {p}: expected a mapping of scenario names (and default) to entries, got a list"),
-    ("default: 5\n", "hyperparams: hp.yml: default: expected a mapping of n_timesteps"),
-    ("default: {gamma: 1.5}\n", "hyperparams: hp.yml: default.gamma: expected a number in [0, 1], got 1.5"),
-    ("jaillet-low: {n_steps: 0}\n", "hyperparams: hp.yml: jaillet-low.n_steps: expected an integer >= 1, got 0"),
+    ("default: 5\n", "hyperparams: {p}: default: expected a mapping of n_timesteps"),
+    ("default: {gamma: 1.5}\n", "hyperparams: {p}: default.gamma: expected a number in [0, 1], got 1.5"),
+    ("jaillet-low: {n_steps: 0}\n", "hyperparams: {p}: jaillet-low.n_steps: expected an integer >= 1, got 0"),
     ("default: {learning_rate: fast}\n",
-     "hyperparams: hp.yml: default.learning_rate: expected a number > 0, got 'fast'"),
-    ("default: {bc: {from: sjf, epochs: -1}}\n", "hyperparams: hp.yml: default.bc.epochs: expected an integer >= 1"),
+     "hyperparams: {p}: default.learning_rate: expected a number > 0, got 'fast'"),
+    ("default: {bc: {from: sjf, epochs: -1}}\n", "hyperparams: {p}: default.bc.epochs: expected an integer >= 1"),
     ("default: {normalize: {norm_obs: maybe}}\n",
-     "hyperparams: hp.yml: default.normalize.norm_obs: expected true or false, got 'maybe'"),
-    ("default: {n_stepz: 3}\n", "hyperparams: hp.yml: default.n_stepz: unknown field; allowed: n_timesteps"),
+     "hyperparams: {p}: default.normalize.norm_obs: expected true or false, got 'maybe'"),
+    ("default: {n_stepz: 3}\n", "hyperparams: {p}: default.n_stepz: unknown field; allowed: n_timesteps"),
 ])
 def test_malformed_hyperparameter_file_is_one_line(tmp_path, text, message):
     pytest.importorskip("yaml")
