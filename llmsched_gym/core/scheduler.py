@@ -222,7 +222,7 @@ class Scheduler:
     ``params`` lists the accepted ones with their defaults, so unknown names are rejected.
 
     ``engine_overrides`` holds engine fields the policy needs (vLLM's LIFO preemption with
-    recompute, seed 000's clear-all on overflow): they replace the scenario's, except the fields
+    recompute, Jaillet et al. 2025's clear-all on overflow): they replace the scenario's, except the fields
     the user sets explicitly with ``--set engine.X``
     (:func:`llmsched_gym.config.merge_engine_overrides`). An instance may set its own.
     """
