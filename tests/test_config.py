@@ -476,3 +476,26 @@ def test_malformed_scenario_file_is_one_line(capsys, tmp_path, text, needle):
 def test_missing_scenario_file_is_one_line(capsys, tmp_path):
     rc, _, err = _cli(capsys, "run", "--scenario", str(tmp_path / "nope.yml"))
     assert rc == 2 and err == f"error: scenario: {tmp_path / 'nope.yml'}: no such file\n"
+
+
+WORKLOAD_KEYS = st.sampled_from([
+    "workload.arrival.rate", "workload.arrival.type", "workload.prompt.mean", "workload.prompt.median",
+    "workload.prompt.max", "workload.prompt.type", "workload.output.mean", "workload.output.max",
+    "workload.predictor", "workload.predictor.x", "workload.horizon_s", "workload.clients", "latency",
+    "engine.block_size", "engine.kv_capacity_tokens",
+])
+SMALL_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(-1e3, 1e12, allow_nan=False),
+    st.sampled_from(["poisson", "lognormal", "uniform", "noisy", "oracle", "affine", "roofline:nope", "x"]),
+    st.lists(st.integers(0, 5), max_size=3), st.dictionaries(st.sampled_from(["type", "x", "mean"]),
+                                                             st.integers(0, 9), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(WORKLOAD_KEYS, SMALL_VALUES, max_size=3), st.integers(0, 3))
+def test_random_workload_overrides_build_or_raise_config_error(overrides, seed):
+    try:
+        build_scenario(get_scenario("jaillet-low", {"workload.n_requests": 20, **overrides}), seed)
+    except ConfigError as e:
+        assert "\n" not in str(e) and str(e)

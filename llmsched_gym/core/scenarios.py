@@ -152,7 +152,10 @@ def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineCon
         raise WorkloadError(f"workload.{e}" if _FIELD_FIRST.match(str(e)) else str(e)) from None
     config = EngineConfig(**spec.get("engine", {}))
     config.validate()
-    latency = make_latency(spec.get("latency", "unit"))
+    try:
+        latency = make_latency(spec.get("latency", "unit"))
+    except ValueError as e:  # make_latency's messages name the field; make them the project's error type
+        raise ConfigError(str(e)) from None
     return workload, config, latency
 
 

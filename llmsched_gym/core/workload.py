@@ -618,7 +618,7 @@ def _typed(value: Any, path: str, table: dict[str, tuple[tuple[str, ...], tuple[
     if not isinstance(value, dict):
         raise WorkloadError(f"{path}: expected a mapping with a 'type', got {value!r}")
     kind = value.get("type")
-    if kind not in table:
+    if not isinstance(kind, str) or kind not in table:
         raise WorkloadError(f"{path}.type: unknown value {kind!r} (allowed: {', '.join(table)})")
     required, optional = table[kind]
     _mapping(value, path, ("type", *required, *optional, *extra))
