@@ -119,13 +119,12 @@ def _as_kind(kind: str, value: Any) -> tuple[bool, Any]:
     if kind in ("int", "float"):
         if is_bool or not isinstance(value, int | float | np.integer | np.floating):
             return False, value
-        if not math.isfinite(float(value)):
+        if isinstance(value, int | np.integer):  # exact; beyond int64 nothing downstream can hold it
+            return abs(int(value)) < 2**63, int(value) if kind == "int" else float(value) if abs(value) < 2**63 else value
+        x = float(value)
+        if not math.isfinite(x) or (kind == "int" and not x.is_integer()):
             return False, value
-        if kind == "int":
-            if isinstance(value, int | np.integer):
-                return True, int(value)
-            return float(value).is_integer(), int(value) if float(value).is_integer() else value
-        return True, float(value)
+        return True, int(x) if kind == "int" else x
     if kind == "str":
         return isinstance(value, str), value
     if kind == "list":
