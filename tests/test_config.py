@@ -62,7 +62,7 @@ MALFORMED = [
      "engin.block_size: unknown section 'engin'; allowed: workload, engine, latency, policy, description, paper"),
     ({"workload.n_requests.x": 1}, "workload.n_requests.x: workload.n_requests is 10000, not a section; "
      "set workload.n_requests=VALUE instead"),
-    ({"latency.x": 1}, "latency.x: latency is 'roofline:llama-2-70b/2xa100', not a section; set latency=VALUE instead"),
+    ({"latency": "affine", "latency.x": 1}, "latency.x: latency is 'affine', not a section; set latency=VALUE instead"),
     ({"description.x": 1}, "description.x: description is a string, not a section"),
     ({"engine..x": 1}, "overrides: 'engine..x' is not a dotted key like engine.block_size"),
     ({"workload.n_requests": "abc"}, "workload.n_requests: expected null or an integer in [0, 100,000,000], got 'abc'"),
