@@ -25,17 +25,16 @@ and the scenarios then run on a synthetic stand-in and say so (one line on stder
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmsched_gym.config import ConfigError
 
-class DataError(ValueError):
+
+class DataError(ConfigError):
     """A data name, path or download failed; the message is one line naming what and why."""
 
 
@@ -232,6 +231,10 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
     have = part.stat().st_size if part.is_file() else 0
     cut_short = False  # the server promised more bytes (Content-Length) than arrived
     if have < ds.size:
+        import http.client  # here, not at the top: they cost ~40 ms of every `llmsched` start
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(src, headers={"User-Agent": "llmsched-gym"})
         if have:
             request.add_header("Range", f"bytes={have}-")

@@ -24,9 +24,7 @@ function.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +165,9 @@ def _progress(label: str, total: int, show: bool) -> Iterator[Callable[[], None]
 
 def _run_processes(cells: Sequence[Cell], fn: Callable[[Any], Any], jobs: int,
                    results: list, advance: Callable[[], None]) -> None:
+    import multiprocessing  # here, not at the top: with concurrent.futures ~40 ms of every `llmsched` start
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
     # forkserver: workers fork from a fresh interpreter that has imported the simulator once, so
     # start-up is cheap and nothing of the caller's state (threads, open files) leaks into them
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"

@@ -197,7 +197,7 @@ def test_a_missing_explicit_path_is_an_error_even_with_a_known_file_name(clone, 
 def test_the_run_command_rejects_a_mistyped_trace_path_in_one_line(clone, capsys):
     rc = main(["run", "--scenario", "trace:csv:/no/such/dir/vtc_arena_real_trace.csv", "--quiet"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err == "error: trace.path: /no/such/dir/vtc_arena_real_trace.csv: no such file"
+    assert rc == 2 and err == "error: workload.trace.path: /no/such/dir/vtc_arena_real_trace.csv: no such file"
 
 
 def test_bare_names_are_looked_up_in_llmsched_traces(clone, tmp_path, monkeypatch):
