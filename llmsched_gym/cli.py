@@ -141,7 +141,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from llmsched_gym.config import ConfigError, check_output_file, parse_sets, split_policy_sets
+    from llmsched_gym.config import check_output_file, parse_sets, split_policy_sets
     from llmsched_gym.sim import simulate
 
     if args.log_batches and not args.log_iterations:
