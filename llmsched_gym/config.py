@@ -122,7 +122,7 @@ def _as_kind(kind: str, value: Any) -> tuple[bool, Any]:
         if isinstance(value, int | np.integer):  # exact; beyond int64 nothing downstream can hold it
             return abs(int(value)) < 2**63, int(value) if kind == "int" else float(value) if abs(value) < 2**63 else value
         x = float(value)
-        if not math.isfinite(x) or (kind == "int" and not x.is_integer()):
+        if not math.isfinite(x) or (kind == "int" and not (x.is_integer() and abs(x) < 2**63)):
             return False, value
         return True, int(x) if kind == "int" else x
     if kind == "str":

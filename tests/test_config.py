@@ -39,6 +39,7 @@ MALFORMED = [
     ({"engine.kv_capacity_tokens": True}, "engine.kv_capacity_tokens: expected an integer >= 1, got True"),
     ({"engine.block_size": "x"}, "engine.block_size: expected an integer >= 1, got 'x'"),
     ({"engine.block_size": 2**63}, "engine.block_size: expected an integer >= 1, got 9223372036854775808"),
+    ({"engine.block_size": 2.0**63}, "engine.block_size: expected an integer >= 1, got 9.223372036854776e+18"),
     ({"engine.swap_gb_s": "1" * 400}, "engine.swap_gb_s: expected a number > 0, got " + "1" * 57 + "..."),
     ({"engine.block_size": 1.5}, "engine.block_size: expected an integer >= 1, got 1.5"),
     ({"engine.horizon_s": "abc"}, "engine.horizon_s: expected null or a number > 0, got 'abc'"),
