@@ -37,8 +37,9 @@ horizon. Every quantity (clock, KV, records, log) equals the step-by-step run bi
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -46,15 +47,15 @@ import numpy as np
 from llmsched_gym.config import ConfigError, check_engine
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.latency import LatencyModel
+from llmsched_gym.core.metrics import LOG_COLUMNS, IterationLog
+from llmsched_gym.core.queue import WaitingQueue
 from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, PlanError, Scheduler
 
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
 
-LOG_COLUMNS = (
-    "t_start", "duration", "n_prefill_tokens", "n_cached_prefix_tokens", "n_decode",
-    "sum_context_tokens", "kv_used", "kv_capacity", "n_waiting", "n_running", "n_preempted",
-)
+__all__ = ["LOG_COLUMNS", "ConfigError", "Counters", "Engine", "EngineConfig"]
+
 
 
 @dataclass
@@ -108,6 +109,148 @@ class EngineConfig:
         return [f.name for f in fields(cls)]
 
 
+
+@dataclass(slots=True)
+class Counters:
+    """Running totals of a run. :meth:`snapshot` copies them; the env's reward is the difference
+    of two snapshots (see :mod:`llmsched_gym.env.reward`). The engine exposes each one as a
+    read-only attribute too (``engine.total_decoded``)."""
+
+    n_iterations: int = 0
+    n_completed: int = 0
+    n_rejected: int = 0
+    n_preempt_events: int = 0
+    n_overflow_events: int = 0
+    n_clears: int = 0
+    total_decoded: int = 0
+    discarded_tokens: int = 0
+    recomputed_tokens_total: int = 0
+    total_prefill_tokens: int = 0
+    kv_time_integral: float = 0.0
+    kv_peak_blocks: int = 0
+    busy_time: float = 0.0
+    last_completion_iter: int = 0
+
+    def snapshot(self) -> Counters:
+        return replace(self)
+
+
+class _DecodeSet:
+    """The running requests whose prefill is complete (they decode when nothing is paused), in
+    running order, with running totals so that a decode iteration needs no per-element work.
+
+    Members advance in lockstep: ``step`` counts the decode iterations they ran together.
+    ``members`` maps each to the step at which it produces its last token, and ``due`` is a
+    heap of those (entries of requests that left are skipped when they surface), so completions
+    are found without scanning. ``ctx`` is the sum of their KV tokens. In paged mode, a member
+    holding ``k`` tokens needs a new block at step ``s`` exactly when ``s = step - k`` (mod
+    ``block_size``), so ``cnt[s % block_size]`` is the number of blocks step ``s`` allocates.
+    ``fresh`` holds members that have not produced a token yet.
+    """
+
+    __slots__ = ("members", "_ids", "due", "ctx", "cnt", "step", "fresh", "last_stamp")
+
+    def __init__(self, block_size: int) -> None:
+        self.members: dict[int, int] = {}
+        self._ids: np.ndarray | None = None
+        self.due: list[tuple[int, int]] = []
+        self.ctx = 0
+        self.cnt = [0] * block_size if block_size > 1 else None
+        self.step = 0
+        self.fresh: set[int] = set()
+        self.last_stamp = -1
+
+    @classmethod
+    def of(cls, engine: Engine, running: np.ndarray) -> _DecodeSet:
+        """The decode set of ``running`` (ids in running order), built with a few array operations."""
+        ds = cls(engine.kv.block_size)
+        ids = running
+        if engine.n_in_prefill:
+            ids = ids[engine.prefilled[ids] >= engine.prefill_target[ids]]
+        if not len(ids):
+            return ds
+        kv, gen = engine.kv_tokens[ids], engine.generated[ids]
+        ids_l, fin_l = ids.tolist(), (engine.workload.output_tokens[ids] - gen).tolist()
+        ds.members = dict(zip(ids_l, fin_l, strict=True))
+        ds.due = list(zip(fin_l, ids_l, strict=True))
+        heapq.heapify(ds.due)
+        ds._ids = ids
+        ds.ctx = int(kv.sum())
+        if ds.cnt is not None:
+            ds.cnt = np.bincount(-kv % len(ds.cnt), minlength=len(ds.cnt)).tolist()
+        fresh = gen == 0
+        if fresh.any():
+            ds.fresh = set(ids[fresh].tolist())
+        ds.last_stamp = int(engine._stamp[ids[-1]])
+        return ds
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = np.fromiter(self.members, dtype=np.int64, count=len(self.members))
+        return self._ids
+
+    def join(self, rid: int, kv: int, left: int, fresh: bool, stamp: int, stamps: np.ndarray) -> None:
+        fin = self.step + left
+        self.members[rid] = fin
+        if stamp < self.last_stamp:  # keep running (admission) order
+            self.members = {r: self.members[r] for r in sorted(self.members, key=stamps.__getitem__)}
+        else:
+            self.last_stamp = stamp
+        heapq.heappush(self.due, (fin, rid))
+        self._ids = None
+        self.ctx += kv
+        if self.cnt is not None:
+            self.cnt[(self.step - kv) % len(self.cnt)] += 1
+        if fresh:
+            self.fresh.add(rid)
+
+    def leave(self, rid: int, kv: int) -> None:
+        del self.members[rid]
+        self._ids = None
+        self.ctx -= kv
+        if self.cnt is not None:
+            self.cnt[(self.step - kv) % len(self.cnt)] -= 1
+        self.fresh.discard(rid)
+
+    @property
+    def min_left(self) -> int:
+        """Decode steps until the first member completes (``1 << 62`` when empty)."""
+        due, members = self.due, self.members
+        while due and members.get(due[0][1]) != due[0][0]:
+            heapq.heappop(due)
+        return due[0][0] - self.step if due else 1 << 62
+
+    def finished(self, stamps: np.ndarray) -> list[int]:
+        """Members that produced their last token, in running order (they stay members until
+        the engine completes them)."""
+        out = []
+        due, members = self.due, self.members
+        while due and due[0][0] <= self.step:
+            fin, rid = heapq.heappop(due)
+            if members.get(rid) == fin:
+                members[rid] = -1  # a stale duplicate entry (left and rejoined) cannot match again
+                out.append(rid)
+        if len(out) > 1:
+            out.sort(key=stamps.__getitem__)
+        return out
+
+    def new_blocks(self, k: int) -> int:
+        """Blocks the next ``k`` lockstep steps allocate (paged mode)."""
+        cnt, bs = self.cnt, len(self.cnt)
+        full, part = divmod(k, bs)
+        total = full * sum(cnt)
+        for s in range(self.step, self.step + part):
+            total += cnt[s % bs]
+        return total
+
+    def advance(self, k: int) -> None:
+        """Every member decoded ``k`` tokens."""
+        self.ctx += k * len(self.members)
+        self.step += k
+        self.fresh.clear()
+
+
 class Engine:
     """One worker, iteration by iteration. See the module docstring for the semantics.
 
@@ -120,6 +263,12 @@ class Engine:
         scheduler's ``rng`` (independent streams).
     :param log_batches: also record each iteration's composition (request ids and token counts),
         for the GPU backend's replay.
+
+    State: per-request arrays indexed by request id (``state``, ``prefilled``,
+    ``prefill_target``, ``generated``, ``kv_tokens``, ``swapped`` and the records
+    ``first_scheduled_s``, ``first_token_s``, ``completion_s``, ``preemptions``,
+    ``recomputed_tokens``, ``cached_tokens``), the ``waiting`` queue and ``running`` list, the
+    KV cache ``kv``, and the run's :class:`Counters` in ``counters``.
     """
 
     def __init__(
@@ -145,10 +294,8 @@ class Engine:
             config.prefix_cap_prompt_minus_one,
         )
         self._check_capacity()
-        ss = np.random.SeedSequence(seed)
-        engine_ss, policy_ss = ss.spawn(2)
+        engine_ss, policy_ss = np.random.SeedSequence(seed).spawn(2)
         self.rng = np.random.default_rng(engine_ss)
-        self._noise_block = 1 << 14
         self._noise: np.ndarray | None = None
         self.view = EngineView(self)
         scheduler.reset(config, np.random.default_rng(policy_ss))
@@ -158,22 +305,40 @@ class Engine:
         self._hook_preempt = scheduler.wants("on_preempt")
         self._hook_finish = scheduler.wants("on_finish")
         self._composition = bool(getattr(latency, "needs_composition", False))
-
-        self._arrival = workload.arrival_s.tolist()
-        self._prompt = workload.prompt_tokens
-        self._output = workload.output_tokens
+        self._init_requests(workload)
+        self.counters = Counters()
         self.clock = 0.0
         self.next_idx = 0
-        self.n_iterations = 0
-        self.waiting: list[int] = []
+        self.waiting = WaitingQueue()
         self.running: list[int] = []
+        self.n_in_prefill = 0
+        self.waiting_tokens = 0  # prompt tokens the waiting requests still have to prefill
+        self._iter_cached = 0  # prefix-cache hit tokens of this iteration's admissions
+        self._ds: _DecodeSet | None = None
+        self._n_admitted = 0  # admission stamps: running is sorted by them
+        self.non_terminating = False
+        self.stop_reason = ""
+        self.done = False
+        stall = config.stall_iterations
+        if stall <= 0 and n:
+            stall = max(20_000, 4 * int(workload.prompt_tokens.max() + workload.output_tokens.max()))
+        self.stall_iterations = stall
+        self.log = IterationLog(self.kv.capacity_tokens)
+        self.batches: list[dict] = []
+
+    def _init_requests(self, wl: Workload) -> None:
+        n = len(wl)
+        self._arrival = wl.arrival_s.tolist()
+        self._prompt = wl.prompt_tokens
+        self._output = wl.output_tokens
+        self._prompt_cum = np.concatenate(([0], np.cumsum(wl.prompt_tokens)))
         self.state = np.zeros(n, dtype=np.int8)
         self.prefilled = np.zeros(n, dtype=np.int64)
-        self.prefill_target = workload.prompt_tokens.copy()
+        self.prefill_target = wl.prompt_tokens.copy()
         self.generated = np.zeros(n, dtype=np.int64)
         self.kv_tokens = np.zeros(n, dtype=np.int64)
         self.swapped = np.zeros(n, dtype=bool)
-        # per-request records
+        self._stamp = np.zeros(n, dtype=np.int64)
         self.first_scheduled_s = np.full(n, np.nan)
         self.first_token_s = np.full(n, np.nan)
         self.completion_s = np.full(n, np.nan)
@@ -181,36 +346,7 @@ class Engine:
         self.recomputed_tokens = np.zeros(n, dtype=np.int64)
         self.cached_tokens = np.zeros(n, dtype=np.int64)
         self.reject_reason: dict[int, str] = {}
-        # running counters
-        self.n_in_prefill = 0
-        self.waiting_tokens = 0  # prompt tokens the waiting requests still have to prefill
-        self._prompt_cum = np.concatenate(([0], np.cumsum(workload.prompt_tokens))).tolist()
-        self._iter_cached = 0
-        self._dec_cache: np.ndarray | None = None
-        self.n_completed = 0
-        self.n_rejected = 0
-        self.n_preempt_events = 0
-        self.n_overflow_events = 0
-        self.n_clears = 0
-        self.total_decoded = 0
-        self.discarded_tokens = 0
-        self.total_prefill_tokens = 0
-        self.kv_time_integral = 0.0
-        self.kv_peak_blocks = 0
-        self.busy_time = 0.0
-        self.last_completion_iter = 0
-        self.non_terminating = False
-        self.stop_reason = ""
-        self.done = False
-        stall = config.stall_iterations
-        if stall <= 0 and n:
-            stall = max(20_000, 4 * int(self._prompt.max() + self._output.max()))
-        self.stall_iterations = stall
-        self._log: dict[str, list] = {c: [] for c in LOG_COLUMNS}
-        self._log_arrays: list[dict[str, np.ndarray]] = []
-        self.batches: list[dict] = []
 
-    # ------------------------------------------------------------------------------------
     def _check_capacity(self) -> None:
         wl, bs = self.workload, self.config.block_size
         if not len(wl):
@@ -229,19 +365,16 @@ class Engine:
     def next_arrival_s(self) -> float:
         return self._arrival[self.next_idx] if self.next_idx < self.n else math.inf
 
-    def _noise_at(self, it: int) -> float:
-        return float(self._noise_slice(it, 1)[0])
-
     def _noise_slice(self, it: int, k: int) -> np.ndarray:
         need = it + k
         if self._noise is None or len(self._noise) < need:
-            size = max(need, 2 * (0 if self._noise is None else len(self._noise)), self._noise_block)
+            size = max(need, 2 * (0 if self._noise is None else len(self._noise)), 1 << 14)
             rng = np.random.default_rng(np.random.SeedSequence([self.seed, 7919]))
             eps = rng.standard_normal(size) * self.config.latency_noise_cv
             self._noise = 1.0 + np.maximum(eps, -0.9)
         return self._noise[it:need]
 
-    # ------------------------------------------------------------------------------------
+    # ---- the loop ---------------------------------------------------------------------------
     def poll(self) -> bool:
         """Admit arrivals up to now, skip idle gaps, and tell whether a decision is needed."""
         if self.done:
@@ -267,36 +400,37 @@ class Engine:
             self.clock = t_next
 
     def _arrivals(self) -> None:
-        j = bisect.bisect_right(self._arrival, self.clock, lo=self.next_idx)
-        if j == self.next_idx:
+        i0 = self.next_idx
+        j = bisect.bisect_right(self._arrival, self.clock, lo=i0)
+        if j == i0:
             return
-        if self._hook_arrival:
-            sched, view = self.scheduler, self.view
-            for i in range(self.next_idx, j):
-                self.next_idx = i + 1
-                if sched.on_arrival(i, view):
-                    self.state[i] = WAITING
-                    self.waiting.append(i)
-                    self.waiting_tokens += int(self._prompt[i])
-                else:
-                    self.state[i] = REJECTED
-                    self.n_rejected += 1
-                    self.reject_reason[i] = sched.reject_reason(i)
-        else:
-            self.state[self.next_idx:j] = WAITING
-            self.waiting.extend(range(self.next_idx, j))
-            self.waiting_tokens += self._prompt_cum[j] - self._prompt_cum[self.next_idx]
+        if not self._hook_arrival:
+            self.state[i0:j] = WAITING
+            self.waiting.extend(range(i0, j))
+            self.waiting_tokens += int(self._prompt_cum[j] - self._prompt_cum[i0])
             self.next_idx = j
+            return
+        sched, view = self.scheduler, self.view
+        for i in range(i0, j):
+            self.next_idx = i + 1
+            if sched.on_arrival(i, view):
+                self.state[i] = WAITING
+                self.waiting.append(i)
+                self.waiting_tokens += int(self._prompt[i])
+            else:
+                self.state[i] = REJECTED
+                self.counters.n_rejected += 1
+                self.reject_reason[i] = sched.reject_reason(i)
 
     def _should_stop(self) -> bool:
-        cfg = self.config
+        cfg, c = self.config, self.counters
         if cfg.horizon_s is not None and self.clock >= cfg.horizon_s:
             self.stop_reason = "horizon"
             return True
-        if cfg.max_iterations is not None and self.n_iterations >= cfg.max_iterations:
+        if cfg.max_iterations is not None and c.n_iterations >= cfg.max_iterations:
             self.stop_reason = "max_iterations"
             return True
-        if self.n_iterations - self.last_completion_iter >= self.stall_iterations:
+        if c.n_iterations - c.last_completion_iter >= self.stall_iterations:
             self.non_terminating = True
             self.stop_reason = f"no completion for {self.stall_iterations} iterations (loop detector)"
             return True
@@ -304,8 +438,7 @@ class Engine:
 
     def _finish(self) -> None:
         self.done = True
-        if self._log[LOG_COLUMNS[0]]:
-            self._flush_log()
+        self.log.flush()
 
     def run(self) -> None:
         """Run to the end with the engine's own scheduler."""
@@ -313,48 +446,71 @@ class Engine:
         while self.poll():
             self.execute(sched.schedule(view))
 
-    # ------------------------------------------------------------------------------------
-    def _decode_ids(self, pause) -> np.ndarray:
-        if pause:
-            return np.array(
-                [r for r in self.running if r not in pause and self.prefilled[r] >= self.prefill_target[r]],
-                dtype=np.int64,
-            )
-        if self._dec_cache is None:
-            if self.n_in_prefill:
-                ids = [r for r in self.running if self.prefilled[r] >= self.prefill_target[r]]
-            else:
-                ids = self.running
-            self._dec_cache = np.array(ids, dtype=np.int64)
-        return self._dec_cache
-
+    # ---- one iteration ------------------------------------------------------------------------
     def execute(self, plan: BatchPlan) -> None:
         """Run one iteration (or a fast-forwarded decode run) according to ``plan``."""
-        cfg, kv = self.config, self.kv
-        swap_s = 0.0
-        n_preempted = 0
-        if plan.preempt:
-            for rid in plan.preempt:
-                if self.state[rid] != RUNNING:
-                    raise PlanError(f"preempt: request {rid} is not running")
-            for rid in plan.preempt:
-                swap_s += self._preempt(rid, cfg.preempt_mode)
-                n_preempted += 1
+        swap_s, n_preempted = self._apply_preemptions(plan.preempt)
         if plan.idle:
-            if plan.prefill:
-                raise PlanError("idle: a plan cannot both idle and prefill")
-            t_next = self.next_arrival_s
-            if t_next == math.inf:
-                raise PlanError("idle: no future arrival to wait for (the run would stall)")
-            self.clock = max(self.clock, t_next)
+            self._idle(plan)
             return
+        prefill, admitted = self._check_prefill(plan.prefill)
+        ds = self._decode_set()
+        # requests admitted now prefill first, so the decode set is fixed before admission
+        dec = (ds.ids if not plan.pause else self._unpaused(ds, plan.pause)) if plan.decode else _EMPTY
+        if admitted:
+            swap_s += self._admit(admitted)
+            if swap_s:  # swapped-in requests resume decoding; their chunk entry is dropped
+                prefill, dec = self._resume_swapped(prefill, dec, plan.decode)
+        lockstep = dec is ds.ids or not len(dec)
+        if (plan.hold and lockstep and len(dec) and not prefill and not n_preempted and not swap_s
+                and self.config.fast_forward and not self._composition and self._fast_forward(ds)):
+            return
+        chunks, grow = self._growth(prefill, ds if lockstep else None, dec)
+        clear = False
+        if self.kv.used_blocks + grow > self.kv.capacity_blocks:
+            chunks, dec, grow, s, n_p, clear = self._overflow(chunks, dec, grow)
+            swap_s += s
+            n_preempted += n_p
+            if lockstep and len(dec):  # the victims left the decode set too
+                dec = ds.ids
+        if self.kv.enabled:
+            self.kv.make_room(grow)
+        dec_ctx = ds.ctx if lockstep and len(dec) else (int(self.kv_tokens[dec].sum()) if len(dec) else 0)
+        t_start, duration, p_tokens, p_ctx = self._time(chunks, dec, dec_ctx, swap_s)
+        finished = self._progress(chunks, dec, ds if lockstep else None, grow, t_start + duration)
+        self._account(t_start, duration, p_tokens, p_ctx + dec_ctx, len(dec), n_preempted)
+        if finished:
+            self._complete(finished, self.clock)
+        if clear and self.kv.used_blocks > self.kv.capacity_blocks:
+            self._clear(self.config.overflow)
 
-        # --- prefill set ----------------------------------------------------------------
+    def _apply_preemptions(self, preempt: list[int]) -> tuple[float, int]:
+        """Step 1: the plan's preemptions (validated first); returns swap-out seconds and count."""
+        if not preempt:
+            return 0.0, 0
+        for rid in preempt:
+            if self.state[rid] != RUNNING:
+                raise PlanError(f"preempt: request {rid} is not running")
+        swap_s = 0.0
+        for rid in preempt:
+            swap_s += self._preempt(rid, self.config.preempt_mode, requeue=True)
+        return swap_s, len(preempt)
+
+    def _idle(self, plan: BatchPlan) -> None:
+        if plan.prefill:
+            raise PlanError("idle: a plan cannot both idle and prefill")
+        t_next = self.next_arrival_s
+        if t_next == math.inf:
+            raise PlanError("idle: no future arrival to wait for (the run would stall)")
+        self.clock = max(self.clock, t_next)
+
+    def _check_prefill(self, plan_prefill: dict[int, int]) -> tuple[list[tuple[int, int]], list[int]]:
+        """Step 2: the prefill set (waiting requests to admit, unfinished prefills to continue)."""
         prefill: list[tuple[int, int]] = []
         admitted: list[int] = []
-        state, prefilled, target = self.state, self.prefilled, self.prefill_target
-        for rid, chunk in plan.prefill.items():
-            st = state[rid] if 0 <= rid < self.n else -1
+        state, prefilled, target, n = self.state, self.prefilled, self.prefill_target, self.n
+        for rid, chunk in plan_prefill.items():
+            st = state[rid] if 0 <= rid < n else -1
             if st == WAITING:
                 admitted.append(rid)
             elif st != RUNNING or prefilled[rid] >= target[rid]:
@@ -362,177 +518,205 @@ class Engine:
             if chunk < 0:
                 raise PlanError(f"prefill: request {rid} has a negative chunk {chunk}")
             prefill.append((rid, int(chunk)))
-        # requests admitted now prefill first, so the decode set is fixed before admission
-        dec = self._decode_ids(plan.pause) if plan.decode else np.empty(0, dtype=np.int64)
-        if admitted:
-            swap_s += self._admit(admitted)
-            # swapped-in requests resume decoding; their chunk entry is dropped
-            if swap_s:
-                resumed = [r for r, _ in prefill if prefilled[r] >= target[r]]
-                prefill = [(r, c) for r, c in prefill if prefilled[r] < target[r]]
-                if plan.decode and resumed:
-                    dec = np.concatenate([dec, np.array(resumed, dtype=np.int64)])
-        if (
-            plan.hold and not prefill and not n_preempted and not plan.pause and plan.decode
-            and len(dec) and cfg.fast_forward and not self._composition and not swap_s
-        ):
-            if self._fast_forward(dec):
-                return
+        return prefill, admitted
 
-        # --- memory: growth of this iteration --------------------------------------------
-        emits = cfg.prefill_emits_token
-        bs = kv.block_size
-        kvt = self.kv_tokens
+    def _decode_set(self) -> _DecodeSet:
+        ds = self._ds
+        if ds is None:
+            ds = self._ds = _DecodeSet.of(self, np.array(self.running, dtype=np.int64))
+        return ds
+
+    def _unpaused(self, ds: _DecodeSet, pause) -> np.ndarray:
+        return np.array([r for r in ds.members if r not in pause], dtype=np.int64)
+
+    def _resume_swapped(self, prefill, dec, decode: bool):
+        pre, tgt = self.prefilled, self.prefill_target
+        resumed = [r for r, _ in prefill if pre[r] >= tgt[r]]
+        prefill = [(r, c) for r, c in prefill if pre[r] < tgt[r]]
+        if decode and resumed:
+            dec = np.concatenate([dec, np.array(resumed, dtype=np.int64)])
+        return prefill, dec
+
+    def _growth(self, prefill, ds: _DecodeSet | None, dec: np.ndarray) -> tuple[list[tuple[int, int, bool]], int]:
+        """Step 3: the chunks ``(rid, tokens, last)`` and the blocks this iteration allocates."""
+        emits = self.config.prefill_emits_token
+        bs = self.kv.block_size
+        kvt, pre, tgt = self.kv_tokens, self.prefilled, self.prefill_target
         chunks: list[tuple[int, int, bool]] = []
-        grow_blocks = 0
+        grow = 0
         for rid, chunk in prefill:
-            remaining = int(target[rid] - prefilled[rid])
+            remaining = int(tgt[rid] - pre[rid])
             c = remaining if chunk == 0 or chunk > remaining else chunk
             last = c == remaining
-            g = c + (1 if (last and emits) else 0)
             k0 = int(kvt[rid])
-            grow_blocks += -(-(k0 + g) // bs) - -(-k0 // bs)
+            grow += -(-(k0 + c + (1 if (last and emits) else 0)) // bs) - -(-k0 // bs)
             chunks.append((rid, c, last))
         if len(dec):
             if bs == 1:
-                grow_blocks += len(dec)
+                grow += len(dec)
+            elif ds is not None:
+                grow += ds.cnt[ds.step % bs]
             else:
-                k0 = kvt[dec]
-                grow_blocks += int(np.count_nonzero(k0 % bs == 0))
-        overflow = kv.used_blocks + grow_blocks > kv.capacity_blocks
-        if overflow:
-            mode = cfg.overflow
-            if mode == "forbid":
-                self._refuse(chunks, dec, grow_blocks)
-            elif mode in ("preempt_lifo_recompute", "swap"):
-                chunks, dec, grow_blocks, s, n_p = self._make_room(chunks, dec, mode)
-                swap_s += s
-                n_preempted += n_p
-                overflow = False
-            else:
-                self.n_overflow_events += 1
-        if kv.enabled:
-            kv.make_room(grow_blocks)
+                grow += int(np.count_nonzero(kvt[dec] % bs == 0))
+        return chunks, grow
 
-        # --- time -------------------------------------------------------------------------
-        n_dec = len(dec)
-        dec_ctx = int(kvt[dec].sum()) if n_dec else 0
-        p_tokens = 0
-        p_ctx = 0
-        cached_now = self._iter_cached
-        self._iter_cached = 0
+    def _overflow(self, chunks, dec, grow: int):
+        """Step 4: the iteration does not fit; the configured handler decides. The last value
+        says whether to clear after the iteration (``clear_all``, ``clear_bernoulli``)."""
+        mode = self.config.overflow
+        if mode == "forbid":
+            self._refuse(chunks, dec, grow)
+        if mode in ("preempt_lifo_recompute", "swap"):
+            return (*self._make_room(chunks, dec, mode), False)
+        self.counters.n_overflow_events += 1
+        return chunks, dec, grow, 0.0, 0, True
+
+    def _time(self, chunks, dec: np.ndarray, dec_ctx: int, swap_s: float) -> tuple[float, float, int, int]:
+        """Step 5: the batch time; the clock advances. Returns start, duration, prefill tokens
+        and prefill context."""
+        p_tokens = p_ctx = 0
+        pre = self.prefilled
         for rid, c, _ in chunks:
             p_tokens += c
-            p_ctx += int(prefilled[rid]) + c
+            p_ctx += int(pre[rid]) + c
+        kvt = self.kv_tokens
         if self._composition:
-            comp_p = [(rid, c, int(prefilled[rid])) for rid, c, _ in chunks]
+            comp_p = [(rid, c, int(pre[rid])) for rid, c, _ in chunks]
             comp_d = list(zip(dec.tolist(), kvt[dec].tolist(), strict=True))
             duration = self.latency.time_batch(comp_p, comp_d)  # type: ignore[attr-defined]
         else:
-            duration = self.latency.batch_time(p_tokens, p_ctx, len(chunks), n_dec, dec_ctx)
-        if cfg.latency_noise_cv > 0:
-            duration *= self._noise_at(self.n_iterations)
+            duration = self.latency.batch_time(p_tokens, p_ctx, len(chunks), len(dec), dec_ctx)
+        if self.config.latency_noise_cv > 0:
+            duration *= float(self._noise_slice(self.counters.n_iterations, 1)[0])
         duration += swap_s
         if self.log_batches:
             self.batches.append({
-                "prefill": [[rid, c, int(prefilled[rid])] for rid, c, _ in chunks],
+                "prefill": [[rid, c, int(pre[rid])] for rid, c, _ in chunks],
                 "decode": [[int(r), int(kvt[r])] for r in dec],
             })
         t_start = self.clock
-        self.clock = t_end = t_start + duration
-        self.busy_time += duration
+        self.clock = t_start + duration
+        self.counters.busy_time += duration
+        return t_start, duration, p_tokens, p_ctx
 
-        # --- progress ---------------------------------------------------------------------
-        kv.used_blocks += grow_blocks
+    def _progress(self, chunks, dec: np.ndarray, ds: _DecodeSet | None, grow: int, t_end: float) -> list[int]:
+        """Step 6: chunks and decodes progress; returns the requests that completed."""
+        kv, kvt, pre, gen, out = self.kv, self.kv_tokens, self.prefilled, self.generated, self._output
+        emits = self.config.prefill_emits_token
+        kv.used_blocks += grow
         finished: list[int] = []
+        joined: list[int] = []
         for rid, c, last in chunks:
-            prefilled[rid] += c
+            pre[rid] += c
             kvt[rid] += c
-            self.total_prefill_tokens += c
+            self.counters.total_prefill_tokens += c
             if self._hook_prefill:
                 self.scheduler.on_prefill(rid, c, self.view)
             if last:
                 self.n_in_prefill -= 1
-                self._dec_cache = None
                 if kv.enabled:
-                    kv.publish_prefix(rid, int(prefilled[rid]))
+                    kv.publish_prefix(rid, int(pre[rid]))
                 if emits:
                     kvt[rid] += 1
-                    self._emit(np.array([rid]), t_end)
-                    if self.generated[rid] >= self._output[rid]:
-                        finished.append(rid)
-        if n_dec:
+                    self._emit_one(rid, t_end)
+                (finished if gen[rid] >= out[rid] else joined).append(rid)
+        if len(dec):
             kvt[dec] += 1
-            self._emit(dec, t_end)
-            done_mask = self.generated[dec] >= self._output[dec]
-            if done_mask.any():
-                finished.extend(dec[done_mask].tolist())
-        used = kv.used_blocks
-        if used > self.kv_peak_blocks:
-            self.kv_peak_blocks = used
-        self.kv_time_integral += used * duration
-        self._log_row(t_start, duration, p_tokens, cached_now, n_dec, p_ctx + dec_ctx, used * bs,
-                      kv.capacity_tokens, len(self.waiting), len(self.running), n_preempted)
-        self.n_iterations += 1
-        if finished:
-            self._complete(finished, t_end)
-        if overflow and kv.used_blocks > kv.capacity_blocks:
-            self._clear(cfg.overflow)
+            if ds is not None:
+                finished += self._decode_lockstep(ds, t_end)
+            else:
+                self._emit(dec, t_end)
+                done = gen[dec] >= out[dec]
+                if done.any():
+                    finished += dec[done].tolist()
+                self._ds = None  # some decoders skipped the iteration
+        if joined and self._ds is not None:
+            ds, stamp = self._ds, self._stamp
+            for rid in joined:
+                g = int(gen[rid])
+                ds.join(rid, int(kvt[rid]), int(out[rid]) - g, g == 0, int(stamp[rid]), stamp)
+        return finished
 
-    # ------------------------------------------------------------------------------------
+    def _decode_lockstep(self, ds: _DecodeSet, t_end: float) -> list[int]:
+        """Every member of the decode set produced a token (KV already grown)."""
+        ids = ds.ids
+        if ds.fresh:
+            ft = self.first_token_s
+            for rid in ds.fresh:
+                if math.isnan(ft[rid]):
+                    ft[rid] = t_end
+        self.generated[ids] += 1
+        self.counters.total_decoded += len(ids)
+        ds.advance(1)
+        if self._hook_tokens:
+            self.scheduler.on_tokens(ids, 1, self.view)
+        return ds.finished(self._stamp)
+
+    def _account(self, t_start: float, duration: float, p_tokens: int, ctx: int, n_dec: int,
+                 n_preempted: int) -> None:
+        """Step 7: KV statistics and the iteration log."""
+        c, used = self.counters, self.kv.used_blocks
+        if used > c.kv_peak_blocks:
+            c.kv_peak_blocks = used
+        c.kv_time_integral += used * duration
+        cached, self._iter_cached = self._iter_cached, 0
+        self.log.add((t_start, duration, p_tokens, cached, n_dec, ctx, used * self.kv.block_size,
+                      len(self.waiting), len(self.running), n_preempted))
+        c.n_iterations += 1
+
+    # ---- request transitions ------------------------------------------------------------------
     def _admit(self, ids: list[int]) -> float:
         """Move ``ids`` from the queue to the running set; returns swap-in seconds."""
-        kv, now = self.kv, self.clock
+        kv, now, waiting, running = self.kv, self.clock, self.waiting, self.running
+        pre, tgt, kvt = self.prefilled, self.prefill_target, self.kv_tokens
         swap_s = 0.0
-        w = self.waiting
-        k = len(ids)
-        if w[:k] == ids:
-            del w[:k]
-        elif k <= 16:  # a few picks from a long queue (Echo's offline pool): C-level search each
-            for rid in ids:
-                w.remove(rid)
-        else:
-            id_set = set(ids)
-            self.waiting = [r for r in w if r not in id_set]
         for rid in ids:
+            waiting.remove(rid)
             self.state[rid] = RUNNING
-            self.running.append(rid)
-            self.waiting_tokens -= int(self.prefill_target[rid] - self.prefilled[rid])
+            running.append(rid)
+            self._stamp[rid] = self._n_admitted
+            self._n_admitted += 1
+            self.waiting_tokens -= int(tgt[rid] - pre[rid])
             if math.isnan(self.first_scheduled_s[rid]):
                 self.first_scheduled_s[rid] = now
             if self.swapped[rid]:
                 self.swapped[rid] = False
-                blocks = kv.blocks(int(self.kv_tokens[rid]))
+                blocks = kv.blocks(int(kvt[rid]))
                 if kv.enabled:
                     kv.make_room(blocks)
                 kv.used_blocks += blocks
-                swap_s += self._swap_seconds(int(self.kv_tokens[rid]))
+                swap_s += self._swap_seconds(int(kvt[rid]))
+                self._ds = None  # it resumes decoding
                 continue
             self.n_in_prefill += 1
             if kv.enabled:
                 hit = kv.acquire_prefix(rid)
                 if hit:
-                    self.prefilled[rid] = hit
-                    self.kv_tokens[rid] = hit
+                    pre[rid] = hit
+                    kvt[rid] = hit
                     self.cached_tokens[rid] += hit
                     self._iter_cached += hit
-        self._dec_cache = None
+                    if hit >= tgt[rid]:
+                        self._ds = None
         return swap_s
 
     def _swap_seconds(self, tokens: int) -> float:
         return tokens * self.config.kv_bytes_per_token / (self.config.swap_gb_s * 1e9)
 
     def _free(self, rid: int) -> None:
-        kv = self.kv
-        kv.used_blocks -= kv.blocks(int(self.kv_tokens[rid])) - int(kv.shared[rid])
+        """Release ``rid``'s KV and, if it was decoding, take it out of the decode set."""
+        kv, k = self.kv, int(self.kv_tokens[rid])
+        if self._ds is not None and rid in self._ds.members:
+            self._ds.leave(rid, k)
+        kv.used_blocks -= kv.blocks(k) - int(kv.shared[rid])
         if kv.enabled:
             kv.release_prefix(rid)
         if self._composition:
             self.latency.release(rid)  # type: ignore[attr-defined]
 
-    def _preempt(self, rid: int, mode: str, requeue: bool = True) -> float:
-        """Evict a running request back to the queue (its head unless ``requeue`` is False, when
-        the caller requeues it); returns swap-out seconds."""
+    def _preempt(self, rid: int, mode: str, requeue: bool = False) -> float:
+        """Evict a running request back to the queue (its head with ``requeue``, else the caller
+        requeues it, after the policy's ``on_preempt`` hook); returns swap-out seconds."""
         run = self.running
         if run and run[-1] == rid:
             run.pop()
@@ -540,18 +724,20 @@ class Engine:
             run.remove(rid)
         if self.prefilled[rid] < self.prefill_target[rid]:
             self.n_in_prefill -= 1
-        self._dec_cache = None
         self.preemptions[rid] += 1
-        self.n_preempt_events += 1
+        c = self.counters
+        c.n_preempt_events += 1
         swap_s = 0.0
         self._free(rid)
+        k = int(self.kv_tokens[rid])
         if mode == "swap":
-            swap_s = self._swap_seconds(int(self.kv_tokens[rid]))
+            swap_s = self._swap_seconds(k)
             self.swapped[rid] = True
         else:
-            self.recomputed_tokens[rid] += int(self.kv_tokens[rid])
+            self.recomputed_tokens[rid] += k
+            c.recomputed_tokens_total += k
             if mode == "restart":
-                self.discarded_tokens += int(self.generated[rid])
+                c.discarded_tokens += int(self.generated[rid])
                 self.generated[rid] = 0
                 self.prefill_target[rid] = self._prompt[rid]
             else:
@@ -561,7 +747,7 @@ class Engine:
         self.state[rid] = WAITING
         self.waiting_tokens += int(self.prefill_target[rid] - self.prefilled[rid])
         if requeue:
-            self.waiting.insert(0, rid)
+            self.waiting.push_front([rid])
         if self._hook_preempt:
             self.scheduler.on_preempt(rid, self.view)
         return swap_s
@@ -594,11 +780,11 @@ class Engine:
                     g += 1 if bs == 1 or kvt[victim] % bs == 0 else 0
                     n_dec_gone += 1
             total -= g
-            swap_s += self._preempt(victim, preempt_mode, requeue=False)
+            swap_s += self._preempt(victim, preempt_mode)
             victims.append(victim)
         if victims:
             gone = set(victims)
-            self.waiting[:0] = victims[::-1]
+            self.waiting.push_front(victims[::-1])
             chunks = [x for x in chunks if x[0] not in gone]
             # decodes run in running order and the victims are the newest: they end ``dec``
             if n_dec_gone:
@@ -622,11 +808,20 @@ class Engine:
         else:
             draws = self.rng.random(len(self.running))
             victims = [r for r, u in zip(self.running, draws, strict=True) if u < self.config.overflow_beta]
-        self.n_clears += 1
+        self.counters.n_clears += 1
         for rid in reversed(victims):
-            self._preempt(rid, "restart", requeue=False)
+            self._preempt(rid, "restart")
         # cleared requests re-enter at the head, in arrival order
-        self.waiting[:0] = sorted(victims)
+        self.waiting.push_front(sorted(victims))
+
+    def _emit_one(self, rid: int, t: float) -> None:
+        """The final prefill chunk of ``rid`` produced its first output token."""
+        if self.generated[rid] == 0 and math.isnan(self.first_token_s[rid]):
+            self.first_token_s[rid] = t
+        self.generated[rid] += 1
+        self.counters.total_decoded += 1
+        if self._hook_tokens:
+            self.scheduler.on_tokens(np.array([rid]), 1, self.view)
 
     def _emit(self, ids: np.ndarray, t: float) -> None:
         gen = self.generated
@@ -635,7 +830,7 @@ class Engine:
             ft = self.first_token_s[first]
             self.first_token_s[first] = np.where(np.isnan(ft), t, ft)
         gen[ids] += 1
-        self.total_decoded += len(ids)
+        self.counters.total_decoded += len(ids)
         if self._hook_tokens:
             self.scheduler.on_tokens(ids, 1, self.view)
 
@@ -652,121 +847,160 @@ class Engine:
         else:
             done = set(ids)
             self.running = [r for r in self.running if r not in done]
-        self._dec_cache = None
-        self.n_completed += len(ids)
-        self.last_completion_iter = self.n_iterations
+        c = self.counters
+        c.n_completed += len(ids)
+        c.last_completion_iter = c.n_iterations
         if self._hook_finish:
             for rid in ids:
                 self.scheduler.on_finish(rid, self.view)
 
-    # ------------------------------------------------------------------------------------
-    def _fast_forward(self, dec: np.ndarray) -> bool:
-        """Run k >= 2 identical decode iterations at once; False if fewer than 2 are safe."""
-        kv, cfg = self.kv, self.config
-        bs = kv.block_size
-        gen, out, kvt = self.generated, self._output, self.kv_tokens
-        b = len(dec)
-        k_max = int((out[dec] - gen[dec]).min())
+    # ---- fast-forward -------------------------------------------------------------------------
+    def _fast_forward(self, ds: _DecodeSet) -> bool:
+        """Run ``k >= 2`` identical decode iterations at once; False if fewer than 2 are safe.
+
+        The run ends with the first completion, before the KV would overflow, and at the first
+        boundary at or after the next arrival or the horizon. Scalars decide first (the decode set's running totals and one batch time);
+        short runs are then computed step by step with scalars, long ones as arrays."""
+        k = self._ff_bound(ds)
+        if k < 2:
+            return False
+        limit = self._ff_limit()
+        d0 = self.latency.batch_time(0, 0, 0, len(ds.members), ds.ctx)
+        if self.config.latency_noise_cv > 0:
+            d0 *= float(self._noise_slice(self.counters.n_iterations, 1)[0])
+        if self.clock + d0 >= limit:
+            return False
+        if k > 64 and limit - self.clock > 64 * d0:
+            return self._ff_arrays(ds, k, limit)
+        return self._ff_scalars(ds, k, limit)
+
+    def _ff_limit(self) -> float:
+        h = self.config.horizon_s
+        return self.next_arrival_s if h is None else min(self.next_arrival_s, h)
+
+    def _ff_bound(self, ds: _DecodeSet) -> int:
+        """Decode steps safe by scalars alone: up to the first completion (included), the
+        iteration and stall limits and, in token mode, the free KV (0 when fewer than 2)."""
+        c, cfg, kv = self.counters, self.config, self.kv
+        k = min(ds.min_left, self.stall_iterations - (c.n_iterations - c.last_completion_iter))
         if cfg.max_iterations is not None:
-            k_max = min(k_max, cfg.max_iterations - self.n_iterations)
-        k_max = min(k_max, self.stall_iterations - (self.n_iterations - self.last_completion_iter))
-        if k_max < 2:
-            return False
-        k0 = kvt[dec]
+            k = min(k, cfg.max_iterations - c.n_iterations)
+        if k < 2:
+            return 0
         free = kv.capacity_blocks - kv.used_blocks
-        if bs == 1:
-            k_max = min(k_max, free // b)
-        if k_max < 2:
+        if kv.block_size == 1:
+            k = min(k, free // len(ds.members))
+        elif ds.new_blocks(2) > free:
+            return 0
+        return k if k >= 2 else 0
+
+    def _ff_scalars(self, ds: _DecodeSet, k: int, limit: float) -> bool:
+        """Up to ``k`` steps, each computed as the step-by-step path computes it."""
+        kv, c = self.kv, self.counters
+        bs, cap, used, b = kv.block_size, kv.capacity_blocks, kv.used_blocks, len(ds.members)
+        batch_time = self.latency.batch_time
+        noise = self._noise_slice(c.n_iterations, k).tolist() if self.config.latency_noise_cv > 0 else None
+        cnt, step, ctx, t = ds.cnt, ds.step, ds.ctx, self.clock
+        nw, nr = len(self.waiting), len(self.running)
+        rows = []
+        kti, busy, peak = c.kv_time_integral, c.busy_time, c.kv_peak_blocks
+        for j in range(k):
+            g = b if cnt is None else cnt[(step + j) % bs]
+            if used + g > cap:
+                break
+            used += g
+            d = batch_time(0, 0, 0, b, ctx)
+            if noise is not None:
+                d *= noise[j]
+            rows.append((t, d, 0, 0, b, ctx, used * bs, nw, nr, 0))
+            t = t + d
+            kti += used * d
+            busy += d
+            if used > peak:
+                peak = used
+            ctx += b
+            if t >= limit:
+                break
+        n = len(rows)
+        if n < 2:
             return False
-        steps = np.arange(k_max, dtype=np.int64)
-        ctx0 = int(k0.sum())
-        ctx = ctx0 + steps * b
+        if kv.enabled:
+            kv.make_room(used - kv.used_blocks)
+        kv.used_blocks = used
+        c.kv_time_integral, c.busy_time, c.kv_peak_blocks = kti, busy, peak
+        self.log.add_rows(rows)
+        self._ff_commit(ds, n, t, rows[1][0])
+        return True
+
+    def _ff_arrays(self, ds: _DecodeSet, k: int, limit: float) -> bool:
+        """Up to ``k`` steps as array operations (long runs)."""
+        kv, cfg, c = self.kv, self.config, self.counters
+        b, bs = len(ds.members), kv.block_size
+        steps = np.arange(k, dtype=np.int64)
+        ctx = ds.ctx + steps * b
         d = self.latency.decode_times(b, ctx)
         if cfg.latency_noise_cv > 0:
-            d = d * self._noise_slice(self.n_iterations, k_max)
+            d = d * self._noise_slice(c.n_iterations, k)
         if bs == 1:
             grow = (steps + 1) * b
         else:
-            blocks0 = -(-k0 // bs)
-            after = -(-(k0[:, None] + steps[None, :] + 1) // bs)
-            grow = (after - blocks0[:, None]).sum(axis=0)
+            grow = np.cumsum(np.asarray(ds.cnt, dtype=np.int64)[(ds.step + steps) % bs])
             fits = kv.used_blocks + grow <= kv.capacity_blocks
             if not fits.all():
-                k_fit = int(np.argmin(fits))
-                if k_fit < 2:
-                    return False
-                k_max = k_fit
-        clocks = np.cumsum(np.concatenate(([self.clock], d[:k_max])))
-        limit = self.next_arrival_s
-        if cfg.horizon_s is not None:
-            limit = min(limit, cfg.horizon_s)
-        if limit < math.inf:
-            # stop at the first boundary at or after the next arrival / horizon
-            j = int(np.searchsorted(clocks[1:], limit, side="left"))
-            k_max = min(k_max, j + 1)
-        k = k_max
+                k = int(np.argmin(fits))
+        clocks = np.cumsum(np.concatenate(([self.clock], d[:k])))
+        if limit < math.inf:  # stop at the first boundary at or after the next arrival / horizon
+            k = min(k, int(np.searchsorted(clocks[1:], limit, side="left")) + 1)
         if k < 2:
             return False
-        d = d[:k]
-        used_after = kv.used_blocks + grow[:k]
-        t_end = float(clocks[k])
-        first = dec[gen[dec] == 0]
-        if len(first):
-            ft = self.first_token_s[first]
-            self.first_token_s[first] = np.where(np.isnan(ft), clocks[1], ft)
-        gen[dec] += k
-        kvt[dec] += k
-        self.total_decoded += b * k
+        d, used_after = d[:k], kv.used_blocks + grow[:k]
         if kv.enabled:
             kv.make_room(int(grow[k - 1]))
         kv.used_blocks = int(used_after[-1])
-        peak = int(used_after.max())
-        if peak > self.kv_peak_blocks:
-            self.kv_peak_blocks = peak
-        self.kv_time_integral = float(np.cumsum(np.concatenate(([self.kv_time_integral], used_after * d)))[-1])
-        self.busy_time = float(np.cumsum(np.concatenate(([self.busy_time], d)))[-1])
-        self.clock = t_end
-        self._flush_log()
-        self._log_arrays.append({
-            "t_start": clocks[:k], "duration": d, "n_prefill_tokens": np.zeros(k, np.int64),
-            "n_cached_prefix_tokens": np.zeros(k, np.int64), "n_decode": np.full(k, b, np.int64),
-            "sum_context_tokens": ctx[:k], "kv_used": used_after * bs,
-            "kv_capacity": np.full(k, kv.capacity_tokens, np.int64),
-            "n_waiting": np.full(k, len(self.waiting), np.int64), "n_running": np.full(k, len(self.running), np.int64),
-            "n_preempted": np.zeros(k, np.int64),
+        c.kv_peak_blocks = max(c.kv_peak_blocks, int(used_after.max()))
+        # sequential sums, bit for bit the step-by-step ones
+        kti, busy = c.kv_time_integral, c.busy_time
+        for u, x in zip(used_after.tolist(), d.tolist(), strict=True):
+            kti += u * x
+            busy += x
+        c.kv_time_integral, c.busy_time = kti, busy
+        self.log.add_segment({
+            "t_start": clocks[:k], "duration": d, "n_prefill_tokens": 0, "n_cached_prefix_tokens": 0,
+            "n_decode": b, "sum_context_tokens": ctx[:k], "kv_used": used_after * bs,
+            "n_waiting": len(self.waiting), "n_running": len(self.running), "n_preempted": 0,
         })
-        if self.log_batches:
-            ids = dec.tolist()
-            for s in range(k):
-                self.batches.append({"prefill": [], "decode": [[r, int(c) + s] for r, c in zip(ids, k0.tolist(), strict=True)]})
-        self.n_iterations += k
-        if self._hook_tokens:
-            self.scheduler.on_tokens(dec, k, self.view)
-        finished = dec[gen[dec] >= out[dec]]
-        if len(finished):
-            self._complete(finished.tolist(), t_end)
+        self._ff_commit(ds, k, float(clocks[k]), float(clocks[1]))
         return True
 
-    # ------------------------------------------------------------------------------------
-    def _log_row(self, *row) -> None:
-        log = self._log
-        for c, v in zip(LOG_COLUMNS, row, strict=True):
-            log[c].append(v)
-        if len(log["t_start"]) >= 4096:
-            self._flush_log()
+    def _ff_commit(self, ds: _DecodeSet, k: int, t_end: float, t_first: float) -> None:
+        """The decode set produced ``k`` tokens each, the first at ``t_first``; the clock is ``t_end``."""
+        c, dec, b = self.counters, ds.ids, len(ds.members)
+        if ds.fresh:
+            ft = self.first_token_s
+            for rid in ds.fresh:
+                if math.isnan(ft[rid]):
+                    ft[rid] = t_first
+        self.generated[dec] += k
+        self.kv_tokens[dec] += k
+        c.total_decoded += b * k
+        self.clock = t_end
+        if self.log_batches:
+            k0 = (self.kv_tokens[dec] - k).tolist()
+            ids = dec.tolist()
+            for s in range(k):
+                self.batches.append({"prefill": [], "decode": [[r, x + s] for r, x in zip(ids, k0, strict=True)]})
+        c.n_iterations += k
+        ds.advance(k)
+        if self._hook_tokens:
+            self.scheduler.on_tokens(dec, k, self.view)
+        finished = ds.finished(self._stamp)
+        if finished:
+            self._complete(finished, t_end)
 
-    def _flush_log(self) -> None:
-        log = self._log
-        if log["t_start"]:
-            self._log_arrays.append({c: np.asarray(v) for c, v in log.items()})
-            self._log = {c: [] for c in LOG_COLUMNS}
-
+    # ---- results --------------------------------------------------------------------------
     def iteration_log(self) -> dict[str, np.ndarray]:
         """The iteration log (one row per engine iteration) as columns."""
-        self._flush_log()
-        if not self._log_arrays:
-            return {c: np.empty(0) for c in LOG_COLUMNS}
-        return {c: np.concatenate([a[c] for a in self._log_arrays]) for c in LOG_COLUMNS}
+        return self.log.columns()
 
     def close(self) -> None:
         """Detach the view: it references the engine, a cycle that only Python's cyclic garbage
@@ -781,3 +1015,14 @@ class Engine:
             "clock": self.clock, "iteration": self.n_iterations, "waiting": len(self.waiting),
             "running": len(self.running), "kv_used": self.kv.used_tokens, "kv_capacity": self.kv.capacity_tokens,
         }
+
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def _counter_property(name: str) -> property:
+    return property(lambda self: getattr(self.counters, name), doc=f"``counters.{name}`` (read-only).")
+
+
+for _f in fields(Counters):
+    setattr(Engine, _f.name, _counter_property(_f.name))
