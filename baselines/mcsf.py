@@ -37,7 +37,7 @@ Readings and departures (ours where the paper leaves the rule open):
 
 from __future__ import annotations
 
-import bisect
+import heapq
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -126,12 +126,17 @@ class MCSF(Scheduler):
     def _lengths(self, view: EngineView) -> np.ndarray:
         return view.workload.output_tokens if self.oracle else view.predicted_output
 
+    def _enqueue(self, key: int, rid: int) -> None:
+        """The queue is a heap of ``(length, id)``: O(log n) per arrival and admission, where a
+        sorted list costs O(n) per insertion (quadratic in an overloaded run)."""
+        heapq.heappush(self._queue, (key, rid))
+
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
-        bisect.insort(self._queue, (int(self._lengths(view)[req_id]), req_id))
+        self._enqueue(int(self._lengths(view)[req_id]), req_id)
         return True
 
     def on_preempt(self, req_id: int, view: EngineView) -> None:
-        bisect.insort(self._queue, (int(self._lengths(view)[req_id]), req_id))
+        self._enqueue(int(self._lengths(view)[req_id]), req_id)
 
     def profile(self, view: EngineView) -> CompletionProfile:
         """The running requests' future memory (each decodes one token per iteration)."""
@@ -168,6 +173,7 @@ class MCSF(Scheduler):
             state = view.state
             seen: set[int] = set()
             self._queue = [q for q in self._queue if state[q[1]] == 1 and not (q[1] in seen or seen.add(q[1]))]
+            heapq.heapify(self._queue)  # a sorted list (SJF's queue) stays as it is
         return self._queue
 
     def schedule(self, view: EngineView) -> BatchPlan:
@@ -176,26 +182,59 @@ class MCSF(Scheduler):
         if not queue:
             return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
         prof = self.profile(view)
+        admit = self._admit_break(view, prof, queue) if self.on_fail == "break" else self._admit_skip(view, prof)
+        if not admit and not view.running:
+            admit.append(heapq.heappop(self._queue)[1])
+        if not admit:
+            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=self._blocked(view, prof))
+        return BatchPlan.admit(cont + admit)
+
+    def _admit_break(self, view: EngineView, prof: CompletionProfile, queue: list[tuple[int, int]]) -> list[int]:
+        """Shortest first while the test passes (the paper's rule): pop the heap's head."""
         admit: list[int] = []
-        for _, rid in queue:
+        while queue:
+            base, last = self.candidate(view, queue[0][1])
+            if not prof.fits(base, last):
+                break
+            prof.add(base, last)
+            admit.append(heapq.heappop(queue)[1])
+        return admit
+
+    def _admit_skip(self, view: EngineView, prof: CompletionProfile) -> list[int]:
+        """Every candidate in order, each started if it passes (O(queue) per iteration)."""
+        admit: list[int] = []
+        for _, rid in sorted(self._queue):
             base, last = self.candidate(view, rid)
             if prof.fits(base, last):
                 prof.add(base, last)
                 admit.append(rid)
-            elif self.on_fail == "break":
-                break
-        if not admit and not view.running:
-            admit.append(queue[0][1])
-        if not admit:
-            # a later start lowers the candidate's memory at every running completion point, so
-            # the test may pass without any engine event: no hold
-            return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=False)
-        if queue[len(admit) - 1][1] == admit[-1]:
-            del queue[: len(admit)]
-        else:
+        if admit:
             taken = set(admit)
-            self._queue = [q for q in queue if q[1] not in taken]
-        return BatchPlan.admit(cont + admit)
+            self._queue = [q for q in self._queue if q[1] not in taken]
+            heapq.heapify(self._queue)
+        return admit
+
+    def _blocked(self, view: EngineView, prof: CompletionProfile) -> bool:
+        """``hold``: whether the queue's head fails the test at every boundary before the first
+        running request completes, so the engine may fast-forward to that completion.
+
+        Started ``d`` iterations later, the head ``(s, o)`` holds ``s + p - d`` tokens at a
+        running completion point ``p`` (iterations from now) and is checked there while
+        ``d <= p <= d + o``; the running requests' memory at ``p``, ``m(p)``, does not change
+        before the first of them completes, after ``K`` iterations (``K - 1`` is the first
+        point). So a point ``p`` in ``[K - 1, o]`` with ``m(p) + s + p - (K - 1) > M`` fails it
+        at every ``d < K``. The engine stops at the first true completion, which must not come
+        after the predicted one (a request outliving its prediction changes the test)."""
+        if self.on_fail != "break" or view.n_in_prefill or not len(prof.points):
+            return False
+        s, o = self.candidate(view, self._queue[0][1])
+        k1 = int(prof.points[0])  # K - 1
+        j = int(np.searchsorted(prof.points, o, side="right"))
+        if j == 0 or int((prof.memory[:j] + prof.points[:j]).max()) + s - k1 <= prof.capacity:
+            return False
+        ids = np.asarray(view.running, dtype=np.int64)
+        true_left = view.workload.output_tokens[ids] - view.generated[ids]
+        return int(true_left.min()) - 1 <= k1
 
 
 @register("semi-online")

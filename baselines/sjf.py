@@ -48,6 +48,9 @@ class SJF(MCSF):
             raise PolicyError(f"policy.max_num_seqs: must be >= 0 (0 = no limit), got {self.max_num_seqs}")
         self._queue: list[tuple[int, int]] = []
 
+    def _enqueue(self, key: int, rid: int) -> None:
+        bisect.insort(self._queue, (key, rid))  # SJF walks its queue in order
+
     def remaining(self, view: EngineView, rid: int) -> int:
         return max(int(self._lengths(view)[rid]) - int(view.generated[rid]), 1)
 
