@@ -219,7 +219,7 @@ class IterationLog:
     returns every column as one array (``int64`` / ``float64``), the log's public form.
     """
 
-    def __init__(self, kv_capacity: int, chunk: int = 8192) -> None:
+    def __init__(self, kv_capacity: int, chunk: int = 1 << 16) -> None:
         self.kv_capacity = kv_capacity
         self.chunk = chunk
         self.rows: list[tuple] = []  # pending single rows, in _STORED column order
@@ -231,7 +231,7 @@ class IterationLog:
         return {c: np.empty(self.chunk, dtype=t) for c, t in _STORED.items()}
 
     def __len__(self) -> int:
-        return len(self._full) * self.chunk + self._n + len(self.rows)
+        return sum(len(p["t_start"]) for p in self._full) + self._n + len(self.rows)
 
     def add(self, row: tuple) -> None:
         """One iteration: the values of the stored columns, in order."""
@@ -280,14 +280,16 @@ class IterationLog:
                 self._cur, self._n = self._new_chunk(), 0
 
     def columns(self) -> dict[str, np.ndarray]:
-        """Every column as one array, in :data:`LOG_COLUMNS` order."""
+        """Every column as one array, in :data:`LOG_COLUMNS` order. The log then keeps these
+        arrays as its storage; the chunks are freed column by column as they are merged, so the
+        rows are never held twice."""
         self.flush()
         parts = [*self._full, {c: a[: self._n] for c, a in self._cur.items()}]
-        out = {}
-        for c in LOG_COLUMNS:
-            if c == "kv_capacity":
-                out[c] = np.full(len(self), self.kv_capacity, dtype=np.int64)
-            else:
-                dt = np.float64 if _STORED[c] is np.float64 else np.int64
-                out[c] = np.concatenate([p[c] for p in parts]).astype(dt, copy=False)
-        return out
+        self._full, self._cur, self._n = [], {}, 0
+        merged = {}
+        for c, t in _STORED.items():
+            merged[c] = np.concatenate([p.pop(c) for p in parts]).astype(
+                np.float64 if t is np.float64 else np.int64, copy=False)
+        self._full, self._cur = [merged], self._new_chunk()
+        n = len(merged["t_start"])
+        return {c: merged[c] if c in merged else np.full(n, self.kv_capacity, dtype=np.int64) for c in LOG_COLUMNS}
