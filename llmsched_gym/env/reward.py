@@ -23,11 +23,13 @@ of iterations simulated between decisions.
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llmsched_gym.config import ConfigError
+from llmsched_gym.core.engine import Counters
 from llmsched_gym.core.metrics import client_service
 
 if TYPE_CHECKING:
@@ -69,8 +71,21 @@ def _finite(value, name: str) -> float:
     return v
 
 
+@dataclass(slots=True)
+class _Totals:
+    """The episode's running totals that the components difference: the engine's counters plus
+    the tracker's own (the latency cost, the fairness gap, SLO misses per class)."""
+
+    engine: Counters
+    cost: float = 0.0
+    diff: float = 0.0
+    viol_online: int = 0
+    viol_offline: int = 0
+
+
 class RewardTracker:
-    """Running totals of one episode; :meth:`collect` returns the step's reward and components."""
+    """Running totals of one episode; :meth:`collect` returns the step's reward and components,
+    each the difference of two snapshots of the totals (the previous step's and this one's)."""
 
     def __init__(self, weights: dict[str, float | dict[str, float]]) -> None:
         self.weights = weights
@@ -84,15 +99,10 @@ class RewardTracker:
         self._cum_arrival = np.concatenate(([0.0], np.cumsum(wl.arrival_s))).tolist()
         self._sum_done = 0.0  # completion (or rejection) times of the requests that left
         self._n_done = 0
-        self._last_cost = 0.0
-        self._last_decoded = 0
-        self._last_preempts = 0
-        self._last_recomputed = 0
-        self._last_diff = 0.0
+        self._viol = [0, 0]
+        self._prev = _Totals(engine.counters.snapshot())
         self.has_slo = wl.has_slo
         self.multi_client = wl.n_clients > 1
-        self._viol = [0, 0]
-        self._last_viol = [0, 0]
         if self.has_slo:
             has = np.isfinite(wl.ttft_slo_s)
             ids = np.nonzero(has)[0]
@@ -120,37 +130,30 @@ class RewardTracker:
         self._sum_done += float(self.engine.workload.arrival_s[rid])
         self._n_done += 1
 
-    def collect(self) -> tuple[float, dict[str, float]]:
+    def _totals(self) -> _Totals:
         e = self.engine
-        t = e.clock
         n_arr = e.next_idx
-        cost = (n_arr - self._n_done) * t - self._cum_arrival[n_arr] + self._sum_done
+        cost = (n_arr - self._n_done) * e.clock - self._cum_arrival[n_arr] + self._sum_done
+        diff = self._service_diff() if self.multi_client else 0.0
+        if self.has_slo:
+            self._ttft_deadlines(e.clock)
+        return _Totals(e.counters.snapshot(), cost, diff, self._viol[0], self._viol[1])
+
+    def collect(self) -> tuple[float, dict[str, float]]:
+        now, prev = self._totals(), self._prev
+        self._prev = now
+        d_on, d_off = now.viol_online - prev.viol_online, now.viol_offline - prev.viol_offline
         comps = {
-            "latency": self._last_cost - cost,
-            "throughput": float(e.total_decoded - self._last_decoded),
-            "eviction": 0.0,
+            "latency": prev.cost - now.cost,
+            "throughput": float(now.engine.total_decoded - prev.engine.total_decoded),
+            "eviction": float(prev.engine.recomputed_tokens_total - now.engine.recomputed_tokens_total),
             "slo": 0.0,
-            "fairness": 0.0,
+            "fairness": prev.diff - now.diff,
         }
-        self._last_cost = cost
-        self._last_decoded = e.total_decoded
-        if e.n_preempt_events != self._last_preempts:
-            self._last_preempts = e.n_preempt_events
-            rec = int(e.recomputed_tokens.sum())
-            comps["eviction"] = float(self._last_recomputed - rec)
-            self._last_recomputed = rec
-        if self.multi_client:
-            diff = self._service_diff()
-            comps["fairness"] = self._last_diff - diff
-            self._last_diff = diff
         reward = 0.0
         for k, w in self._scalar_w:
             reward += w * comps[k]
         if self.has_slo:
-            self._ttft_deadlines(t)
-            v, lv = self._viol, self._last_viol
-            d_on, d_off = v[0] - lv[0], v[1] - lv[1]
-            self._last_viol = [v[0], v[1]]
             comps["slo"] = -float(d_on + d_off)
             comps["slo_online"] = -float(d_on)
             comps["slo_offline"] = -float(d_off)
