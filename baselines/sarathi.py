@@ -20,21 +20,15 @@ chunk, so the policy keeps the remaining prompt blocks of unfinished prefills re
 from __future__ import annotations
 
 from llmsched_gym.core.batching import BatchBuilder
-from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+from llmsched_gym.core.scheduler import BatchPlan, EngineView
 
-from .base import configure, register
-from .vllm import VLLM_ENGINE, check_positive, check_watermark
+from .base import register
+from .vllm import VLLMFamily
 
 
 @register("sarathi")
-class Sarathi(Scheduler):
+class Sarathi(VLLMFamily):
     params = {"chunk_size": 512, "max_num_seqs": 128, "watermark": 0.01}
-    engine_overrides = VLLM_ENGINE
-
-    def __init__(self, **kwargs) -> None:
-        configure(self, kwargs)
-        check_positive(self, "chunk_size", "max_num_seqs")
-        check_watermark(self)
 
     def schedule(self, view: EngineView) -> BatchPlan:
         b = BatchBuilder(view, self.chunk_size, reserve=True, max_num_seqs=self.max_num_seqs,
@@ -42,7 +36,5 @@ class Sarathi(Scheduler):
         b.decode_first(preempt=True)
         b.continue_prefills()
         if not b.preempt:
-            for rid in view.waiting:
-                if not b.admit(rid):
-                    break
+            self.admit_head_of_line(view.waiting, b.admit)
         return b.plan()

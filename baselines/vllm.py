@@ -42,6 +42,9 @@ Departures:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import ClassVar
+
 from llmsched_gym.core.batching import BatchBuilder, chunk_blocks, decode_blocks, preempt_newest
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
@@ -50,32 +53,42 @@ from .base import PolicyError, configure, finish_prefills, register
 VLLM_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute", "prefix_cap_prompt_minus_one": True}
 
 
-def check_positive(obj: Scheduler, *names: str, allow_zero: tuple[str, ...] = ()) -> None:
-    for name in names:
-        v = getattr(obj, name)
-        if v < 0 or (v == 0 and name not in allow_zero):
-            bound = ">= 0" if name in allow_zero else ">= 1"
-            raise PolicyError(f"policy.{name}: must be {bound}, got {v}")
+class VLLMFamily(Scheduler):
+    """What vllm-v1, vllm-v0 and sarathi share: one constructor (every integer parameter must be
+    >= 1, those in ``zero_ok`` >= 0, ``watermark`` in [0, 1)), vLLM's engine semantics
+    (``engine_overrides``: LIFO preemption with recompute, prefix hits capped at prompt - 1) and
+    one admission loop, :meth:`admit_head_of_line`."""
 
+    engine_overrides = VLLM_ENGINE
+    zero_ok: ClassVar[tuple[str, ...]] = ()
+    """Integer parameters for which 0 is allowed (it switches the feature off)."""
 
-def check_watermark(obj: Scheduler) -> None:
-    if not 0.0 <= obj.watermark < 1.0:
-        raise PolicyError(f"policy.watermark: must be in [0, 1), got {obj.watermark}")
+    def __init__(self, **kwargs) -> None:
+        configure(self, kwargs)
+        for name, default in self.params.items():
+            v = getattr(self, name)
+            if name == "watermark":
+                if not 0.0 <= v < 1.0:
+                    raise PolicyError(f"policy.watermark: must be in [0, 1), got {v}")
+            elif isinstance(default, int) and (v < 0 or (v == 0 and name not in self.zero_ok)):
+                raise PolicyError(f"policy.{name}: must be {'>= 0' if name in self.zero_ok else '>= 1'}, got {v}")
+
+    @staticmethod
+    def admit_head_of_line(waiting: Iterable[int], admit: Callable[[int], bool]) -> None:
+        """Waiting requests in queue order while ``admit(rid)`` takes them: strict head-of-line,
+        the first request refused ends the admissions of the step."""
+        for rid in waiting:
+            if not admit(rid):
+                return
 
 
 @register("vllm-v1")
-class VLLMV1(Scheduler):
+class VLLMV1(VLLMFamily):
     """vLLM v1: unified token budget, running first, chunked prefill, LIFO preemption."""
 
     params = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "long_prefill_token_threshold": 0,
               "watermark": 0.01}
-    engine_overrides = VLLM_ENGINE
-
-    def __init__(self, **kwargs) -> None:
-        configure(self, kwargs)
-        check_positive(self, "max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold",
-                       allow_zero=("long_prefill_token_threshold",))
-        check_watermark(self)
+    zero_ok = ("long_prefill_token_threshold",)
 
     def schedule(self, view: EngineView) -> BatchPlan:
         b = BatchBuilder(view, self.max_num_batched_tokens, reserve=False, max_num_seqs=self.max_num_seqs,
@@ -109,23 +122,15 @@ class VLLMV1(Scheduler):
         b.n = b.seqs = n
         b.free, b.budget = free, budget
         if not b.preempt:
-            for rid in view.waiting:
-                if not b.admit(rid, chunk_cap=thr):
-                    break
+            self.admit_head_of_line(view.waiting, lambda rid: b.admit(rid, chunk_cap=thr))
         return b.plan()
 
 
 @register("vllm-v0")
-class VLLMV0(Scheduler):
+class VLLMV0(VLLMFamily):
     """vLLM v0 (Vidur): prefill-only batches first, decodes only when no prefill is scheduled."""
 
     params = {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "watermark": 0.01}
-    engine_overrides = VLLM_ENGINE
-
-    def __init__(self, **kwargs) -> None:
-        configure(self, kwargs)
-        check_positive(self, "max_num_batched_tokens", "max_num_seqs")
-        check_watermark(self)
 
     def schedule(self, view: EngineView) -> BatchPlan:
         bs = view.block_size
@@ -136,20 +141,26 @@ class VLLMV0(Scheduler):
         seqs = len(view.running)
         prefill: dict[int, int] = dict.fromkeys(cont, BatchPlan.FULL)
         longest = max((int(target[r] - view.prefilled[r]) for r in cont), default=0)
-        for rid in view.waiting:
+
+        def admit(rid: int) -> bool:
+            """Within ``max_num_seqs``, the padded token limit and the watermark."""
+            nonlocal free, seqs, longest
             if seqs >= self.max_num_seqs:
-                break
+                return False
             t = int(target[rid])
             longest = max(longest, t)
             if prefill and (len(prefill) + 1) * longest > self.max_num_batched_tokens:
-                break
+                return False
             hit = view.prefix_match(rid)
             need = chunk_blocks(view, rid, hit, t - hit) + hit // bs
             if free - need < watermark:
-                break
+                return False
             free -= need
             prefill[rid] = BatchPlan.FULL
             seqs += 1
+            return True
+
+        self.admit_head_of_line(view.waiting, admit)
         if prefill:
             return BatchPlan(prefill=prefill, decode=False)
         running = view.running
