@@ -1,14 +1,26 @@
 """``llmsched bench``: how fast the simulator and the env run on this machine.
 
-Engine section: the Azure-conv trace (19,366 requests with their own arrival times) on the
-Llama-2-7B/A100 roofline preset with paged KV and FCFS, reporting simulated requests/s,
-iterations/s, setup time (start to first iteration) and the wall time of the whole
-``llmsched run`` process. Env section: env steps/s of the default action mode with random
-masked actions on jaillet-high and azure-conv.
+Sections (``--only``, repeatable; the default runs engine and env):
+
+* ``engine``: the Azure-conv trace (19,366 requests with their own arrival times) on the
+  Llama-2-7B/A100 roofline preset with paged KV and FCFS, reporting simulated requests/s,
+  iterations/s, setup time (start to first iteration) and the wall time of the whole
+  ``llmsched run`` process.
+* ``overload``: jaillet-high with MC-SF (arrivals at 50/s, about five times what the worker
+  serves, so the queue grows without bound) at 10k, 100k and 1M requests: the engine's CPU
+  seconds per request must stay flat as the queue grows (``--quick``: 2k and 20k).
+* ``memory``: steady load (jaillet-high at 8 arrivals/s, the default policy) at 1M requests: the
+  peak RSS of the whole ``llmsched run`` process and its bytes per request (``--quick``: 100k).
+* ``env``: env steps/s of the default action mode with random masked actions on jaillet-high and
+  azure-conv.
+
+Each case runs in a fresh process, one core each; take the minimum over repeated runs on a
+shared machine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +68,55 @@ def bench_process(scenario: str = "azure-conv", policy: str = "fcfs", repeats: i
     return {"process_wall_s": min(times), "command": " ".join(["llmsched"] + cmd[3:])}
 
 
+_OVERLOAD = """
+import json, sys, time
+from llmsched_gym.sim import make_engine
+engine, _ = make_engine("jaillet-high", "mcsf", seed=0, overrides={"workload.n_requests": int(sys.argv[1])})
+t0 = time.process_time()
+engine.run()
+cpu = time.process_time() - t0
+print(json.dumps({"requests": engine.n, "completed": engine.n_completed, "iterations": engine.n_iterations,
+                  "run_cpu_s": cpu}))
+"""
+
+_MEMORY = """
+import json, resource, sys, time
+from llmsched_gym.cli import main
+t0 = time.perf_counter()
+main(["run", "--scenario", "jaillet-high", "--set", "workload.arrival.rate=8",
+      "--set", f"workload.n_requests={sys.argv[1]}", "--quiet"])
+print(json.dumps({"wall_s": time.perf_counter() - t0,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _fresh_process(code: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": "0"}).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def bench_overload(sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)) -> dict[str, Any]:
+    """jaillet-high + MC-SF at growing sizes: engine CPU seconds per request (one fresh process each)."""
+    runs = {}
+    for n in sizes:
+        r = _fresh_process(_OVERLOAD, str(n))
+        r["cpu_us_per_request"] = 1e6 * r["run_cpu_s"] / n
+        runs[n] = r
+    first, last = runs[sizes[0]], runs[sizes[-1]]
+    return {"runs": runs, "cost_ratio_largest_to_smallest": last["cpu_us_per_request"] / first["cpu_us_per_request"]}
+
+
+def bench_memory(n: int = 1_000_000) -> dict[str, Any]:
+    """Peak RSS of a whole ``llmsched run`` at steady load (jaillet-high, 8 arrivals/s); the bytes
+    per request are the growth over a run ten times smaller (the interpreter and imports apart)."""
+    small = _fresh_process(_MEMORY, str(n // 10))
+    r = _fresh_process(_MEMORY, str(n))
+    r["requests"] = n
+    r["bytes_per_request"] = (r["peak_rss_mb"] - small["peak_rss_mb"]) * 2**20 / (n - n // 10)
+    return r
+
+
 def bench_import() -> dict[str, Any]:
     code = "import time; t=time.perf_counter(); import llmsched_gym, sys; print(time.perf_counter()-t); " \
            "print(int(any(m in sys.modules for m in ('torch','stable_baselines3','matplotlib'))))"
@@ -87,6 +148,22 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
             v = eng[k]
             t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else str(v))
         con.print(t)
+    if "overload" in sections:
+        ov = bench_overload((2_000, 20_000) if quick else (10_000, 100_000, 1_000_000))
+        report["overload"] = ov
+        t = Table(title="overload: jaillet-high, MC-SF, 50 arrivals/s (the queue grows), fresh process each")
+        for col in ("requests", "iterations", "run CPU s", "CPU us / request"):
+            t.add_column(col, justify="right")
+        for n, r in ov["runs"].items():
+            t.add_row(f"{n:,}", f"{r['iterations']:,}", f"{r['run_cpu_s']:.2f}", f"{r['cpu_us_per_request']:.1f}")
+        con.print(t)
+        con.print(f"cost per request, largest / smallest: {ov['cost_ratio_largest_to_smallest']:.2f}")
+    if "memory" in sections:
+        mem = bench_memory(100_000 if quick else 1_000_000)
+        report["memory"] = mem
+        con.print(f"memory: jaillet-high at 8 arrivals/s, {mem['requests']:,} requests, whole `llmsched run`: "
+                  f"peak RSS {mem['peak_rss_mb']:,.0f} MB ({mem['bytes_per_request']:,.0f} bytes/request), "
+                  f"{mem['wall_s']:.1f} s")
     if "env" in sections:
         try:
             from llmsched_gym.env.bench import bench_env
