@@ -6,8 +6,8 @@ The engine may be rewritten for speed or structure, but its results must not mov
 run. Combinations a policy refuses (wrong workload shape, missing parameters) are recorded with
 their one-line error, so a change in validation shows up too.
 
-Trace scenarios use the synthetic stand-ins (``find_trace`` is patched to find nothing), so the
-recording is the same on a machine with or without ``../shared/traces``.
+Trace scenarios use the synthetic stand-ins (the default trace files are reported missing), so
+the recording is the same on a machine with or without the traces.
 
 Regenerate (only when a behaviour change is intended, and say so in the commit)::
 
@@ -59,9 +59,16 @@ def _clean(x: Any) -> Any:
 
 def run_one(scenario: str, policy: str) -> dict[str, Any]:
     """The summary of ``policy`` on the cut ``scenario`` (or ``{"error": ...}``)."""
+    from llmsched_gym import data
+    from llmsched_gym.core.traces import DEFAULT_FILES
     from llmsched_gym.sim import simulate
 
-    with mock.patch("llmsched_gym.core.traces.find_trace", return_value=None):
+    resolve = data.resolve_data
+
+    def no_default_traces(name):
+        return None if str(name) in DEFAULT_FILES.values() else resolve(name)
+
+    with mock.patch.object(data, "resolve_data", no_default_traces), mock.patch.object(data, "notify_fallback"):
         try:
             s = simulate(scenario, policy, seed=0, overrides=CUTS[scenario]).summary
         except ValueError as exc:
