@@ -97,7 +97,7 @@ def test_azure_conv_tune_recipe_starts_at_sarathi_and_validates_on_the_test_size
     assert hp["algo"] == "ppo" and hp["env_kwargs"]["tune"] == {"chunk_size": [32, 8192]}
     assert hp["validation_requests"] == 1000  # the benchmark's test size
     assert resolve(TrainConfig(scenario="azure-conv", algo="ppo", validation_requests=200))["validation_requests"] == 200
-    with pytest.raises(ValueError, match="hyperparams: validation_requests: expected a positive integer"):
+    with pytest.raises(ValueError, match="hyperparams.validation_requests: expected an integer >= 1, got 0"):
         resolve(TrainConfig(scenario="azure-conv", algo="ppo", hyperparams={"validation_requests": 0}))
 
 
