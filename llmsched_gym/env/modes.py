@@ -96,9 +96,9 @@ class SelectMode(Mode):
         self.n = select_size(self.K, self.B)
         self.launch0 = self.K
         self.preempt0 = self.K + self.B
-        self._tail_launch = np.ones(self.B, bool)
+        self._blank = np.zeros(self.n, bool)  # the launch actions are always valid
+        self._blank[self.launch0:self.preempt0] = True
         self._mask_key: tuple | None = None
-        self._false = np.zeros(self.K, bool)
 
     @property
     def space(self):
@@ -109,8 +109,10 @@ class SelectMode(Mode):
         key = (self.env._episode, dp.bid, len(dp.sel), len(dp.victims))
         if key != self._mask_key:  # unchanged until the batch being formed changes
             self._mask_key = key
-            can = len(self.env.engine.running) > len(dp.victims)
-            self._mask = np.concatenate((dp.ok, self._false[: self.K - len(dp.slots)], self._tail_launch, (can, can)))
+            m = self._mask = self._blank.copy()
+            m[: len(dp.ok)] = dp.ok
+            if len(self.env.engine.running) > len(dp.victims):
+                m[self.preempt0:] = True
         return self._mask.copy()
 
     def step(self, action) -> None:

@@ -139,6 +139,10 @@ _HIST = slice(R["remaining_hist_0"], R["remaining_hist_0"] + len(REMAINING_BIN_E
 class ObservationBuilder:
     """Writes the observation of a decision point, feature by feature (names from the tables).
 
+    The observation is one float32 vector (the flat layout: queue, running, globals, budgets;
+    the Dict parts are views of it), copied each step from a per-boundary base that holds what
+    stays constant while a batch forms (the running requests, the globals, the budgets' batch
+    times); the step then writes the queue rows and what the batch being formed changes.
     Queue rows that do not change while a batch forms (prompt, predicted output, uncertainty,
     task class) are computed once per episode; the boundary-dependent ones (age, prefix hit,
     service deficit, SLO slack, prefilled) once per boundary for the requests the slots may show.
@@ -149,6 +153,13 @@ class ObservationBuilder:
         self.flat = flat
         self.budgets = budgets
         self.space = observation_space(k, flat, len(budgets) if budgets else 0)
+        # where each part and each named feature sits in the vector
+        self.nq = nq = k * len(QUEUE_FEATURES)
+        self.g0 = g0 = nq + len(RUNNING_FEATURES)
+        self.b0 = b0 = g0 + len(GLOBAL_FEATURES)
+        self.size = b0 + (len(budgets) if budgets else 0)
+        self.at = {**{f"running.{n}": nq + i for n, i in R.items()}, **{f"globals.{n}": g0 + i for n, i in G.items()}}
+        self.hist = slice(nq + _HIST.start, nq + _HIST.stop)
 
     def setup(self, env) -> None:
         """Per-episode tables (``env`` has just reset its engine and decision point)."""
@@ -190,13 +201,13 @@ class ObservationBuilder:
         st[:-1, Q["task_class"]] = wl.task_class
         st[:-1, Q["slo_slack"]] = 1.0
         self.rows = st
-        self.bt_key = self.run_key = self.glob_key = None
+        self.key = None
         big = np.iinfo(np.int64).max // 4  # the unlimited budget
         if self.budgets:
             self.budget_list = [big if b is None else b for b in self.budgets]
             self.min_budget = min(self.budget_list)
             self.room_order = sorted(range(len(self.budget_list)), key=self.budget_list.__getitem__)
-            self.room_inverse = np.argsort(np.array(self.room_order))
+            self.room_at = self.b0 + np.array(self.room_order)
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prompt (+ generated tokens) and remaining output changed."""
@@ -216,12 +227,20 @@ class ObservationBuilder:
     def observe(self, env):
         e, dp = self.e, self.dp
         n = len(dp.slots)
-        now = e.clock
         if n:
             new, dp.row_upto = dp.window(dp.row_upto)
             if new is not None:
-                self._fill_rows(new, now)
-        q = self.rows.take(dp.ids_pad, axis=0)
+                self._fill_rows(new, e.clock)
+        key = (dp.bid, len(dp.victims))
+        if key != self.key:  # a new boundary or a preemption
+            self.key = key
+            self._boundary(env)
+        if self.budgets and self.timed:
+            self._batch_times()
+        at = self.at
+        buf = self.base.copy()
+        q = buf[: self.nq].reshape(self.K, -1)
+        self.rows.take(dp.ids_pad, axis=0, out=q, mode="clip")
         if n:
             q[:n, Q["fits_now"]] = dp.fits_now
             ff = dp.fits_future
@@ -229,123 +248,102 @@ class ObservationBuilder:
                 # not the admission rule: the chosen requests count at their peak throughout
                 ff = dp.fits_future = dp.rooms(dp.ids) >= dp.sel_peaks
             q[:n, Q["fits_future"]] = ff
-        return self._pack(q, self._running(env), self._globals(env), env)
-
-    def _pack(self, q, r, g, env):
-        parts = {"queue": q.reshape(-1), "running": r, "globals": g}
-        if self.budgets:
-            parts["budgets"] = self._batch_times(env)
+        n_sel = len(dp.sel)
+        if n_sel:  # the running part with the batch being formed
+            n_res = dp.n_run + n_sel
+            buf[at["running.count"]] = math.log1p(n_res) * self.inv_log_cap
+            buf[at["running.kv_used"]] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
+            buf[self.hist] = (dp.run_hist + dp.sel_hist) * (1.0 / n_res)
+            buf[at["running.selected"]] = math.log1p(n_sel) * self.inv_log_cap
+            buf[at["running.batch_tokens"]] = self.log_tokens(self.run_tokens + dp.sel_tokens)
+        buf[at["globals.queue_len"]] = math.log1p(len(e.waiting) - n_sel) * self.inv_log_n
+        buf[at["globals.backlog"]] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
         if self.flat:
-            return np.concatenate(tuple(parts.values()))
+            return buf
+        parts = {"queue": buf[: self.nq], "running": buf[self.nq: self.g0], "globals": buf[self.g0: self.b0]}
+        if self.budgets:
+            parts["budgets"] = buf[self.b0:]
         return parts
 
-    def _running(self, env) -> np.ndarray:
-        e, dp = self.e, self.dp
-        key = (dp.bid, len(dp.victims))
-        if key != self.run_key:  # the running requests' part is constant while a batch forms
-            self.run_key = key
-            dp.residents()
-            r = np.zeros(len(RUNNING_FEATURES), np.float32)
-            if dp.n_run:
-                r[R["count"]] = math.log1p(dp.n_run) * self.inv_log_cap
-                r[R["kv_used"]] = min(max(e.kv.used_blocks - dp.released, 0) / dp.cap_blocks, 2.0)
-                r[_HIST] = dp.run_hist * (1.0 / dp.n_run)
-                r[R["future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
-            n_dec, _, mid, owed, _ = env.batch_shape()
-            if mid:
-                r[R["prefilling"]] = math.log1p(mid) * self.inv_log_cap
-                r[R["prefill_owed"]] = self.log_tokens(owed)
-            if dp.victims:
-                r[R["preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
-            self.run_tokens = n_dec + owed
-            r[R["batch_tokens"]] = self.log_tokens(self.run_tokens)
-            self.run_obs = r
-        n_sel = len(dp.sel)
-        if not n_sel:
-            return self.run_obs.copy()
-        r = self.run_obs.copy()
-        n_res = dp.n_run + n_sel
-        r[R["count"]] = math.log1p(n_res) * self.inv_log_cap
-        r[R["kv_used"]] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
-        inv = 1.0 / n_res
-        r[_HIST] = (dp.run_hist + dp.sel_hist) * inv
-        r[R["selected"]] = math.log1p(n_sel) * self.inv_log_cap
-        r[R["batch_tokens"]] = self.log_tokens(self.run_tokens + dp.sel_tokens)
-        return r
+    def _boundary(self, env) -> None:
+        """The base of this boundary: the running requests (less those chosen for preemption),
+        the globals; the budgets' batch times start over."""
+        e, dp, at = self.e, self.dp, self.at
+        base = self.base = np.zeros(self.size, np.float32)
+        # running requests
+        dp.residents()
+        if dp.n_run:
+            base[at["running.count"]] = math.log1p(dp.n_run) * self.inv_log_cap
+            base[at["running.kv_used"]] = min(max(e.kv.used_blocks - dp.released, 0) / dp.cap_blocks, 2.0)
+            base[self.hist] = dp.run_hist * (1.0 / dp.n_run)
+            base[at["running.future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
+        n_dec, dec_ctx, mid, owed, mid_ctx = self.shape = dp.batch_shape()
+        if mid:
+            base[at["running.prefilling"]] = math.log1p(mid) * self.inv_log_cap
+            base[at["running.prefill_owed"]] = self.log_tokens(owed)
+        if dp.victims:
+            base[at["running.preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
+        self.run_tokens = n_dec + owed
+        base[at["running.batch_tokens"]] = self.log_tokens(self.run_tokens)
+        # globals
+        now = e.clock
+        recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
+        base[at["globals.kv_used"]] = min(e.kv.used_blocks / dp.cap_blocks, 2.0)
+        base[at["globals.arrival_rate"]] = math.log1p(recent) * self.inv_log_n
+        base[at["globals.since_batch"]] = self.log_time(now - env.last_admit_s)
+        base[at["globals.last_iteration"]] = self.log_time(env.last_iter_s)
+        base[at["globals.arrived"]] = e.next_idx / self.n
+        base[at["globals.last_prefill_tokens"]] = self.log_tokens(env.last_prefill_tokens)
+        base[at["globals.last_decode_tokens"]] = self.log_tokens(env.last_decode_tokens)
+        b = env.last_budget
+        base[at["globals.budget"]] = 2.0 if b is None else self.log_tokens(b)
+        base[at["globals.stall"]] = self.log_time(now - min(env.stalled.values())) if env.stalled else 0.0
+        # budgets: sorted by the prefill room they leave after the decodes
+        if self.budgets and self.timed:
+            self.bt_want = -1
+            self.bt_filled = 0
+            if n_dec <= self.min_budget:  # the usual case: no budget pauses a decode
+                self.bt_room, self.bt_d, self.bt_at = self.sorted_budgets(n_dec)
+            else:
+                d = [min(b, n_dec) for b in self.budget_list]
+                room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
+                order = sorted(range(len(room)), key=room.__getitem__)
+                self.bt_room, self.bt_d = [room[j] for j in order], [d[j] for j in order]
+                self.bt_at = self.b0 + np.array(order)
 
-    def _globals(self, env) -> np.ndarray:
-        e, dp = self.e, self.dp
-        if dp.bid != self.glob_key:  # all but the queue length and backlog are constant while a batch forms
-            self.glob_key = dp.bid
-            now = e.clock
-            g = np.empty(len(GLOBAL_FEATURES), np.float32)
-            recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
-            g[G["kv_used"]] = min(e.kv.used_blocks / dp.cap_blocks, 2.0)
-            g[G["arrival_rate"]] = math.log1p(recent) * self.inv_log_n
-            g[G["since_batch"]] = self.log_time(now - env.last_admit_s)
-            g[G["last_iteration"]] = self.log_time(env.last_iter_s)
-            g[G["arrived"]] = e.next_idx / self.n
-            g[G["last_prefill_tokens"]] = self.log_tokens(env.last_prefill_tokens)
-            g[G["last_decode_tokens"]] = self.log_tokens(env.last_decode_tokens)
-            b = env.last_budget
-            g[G["budget"]] = 2.0 if b is None else self.log_tokens(b)
-            g[G["stall"]] = self.log_time(now - min(env.stalled.values())) if env.stalled else 0.0
-            self.glob = g
-        g = self.glob.copy()
-        g[G["queue_len"]] = math.log1p(len(e.waiting) - len(dp.sel)) * self.inv_log_n
-        g[G["backlog"]] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
-        return g
-
-    def _batch_times(self, env) -> np.ndarray:
+    def _batch_times(self) -> None:
         """Predicted duration of the next batch for each launch budget (the latency model's
         estimate: decodes first, then unfinished prefills and the chosen requests' prompts, each
-        chunk that the budget reaches counted once).
+        chunk that the budget reaches counted once), written into the base.
 
         Within a boundary the prefill tokens wanted only grow, so a budget, once filled, keeps its
         value; every budget not filled yet is larger than the decodes and prefills everything
         wanted, so they share one value: one latency-model call per step."""
         dp = self.dp
-        key = (dp.bid, len(dp.victims))
-        if key != self.bt_key:  # a new boundary or a preemption: start over
-            self.bt_key = key
-            self.bt_want = -1
-            self.bt_sorted = np.zeros(len(self.budgets), np.float32)  # by room, filled first
-            if self.timed:
-                n_dec, dec_ctx, mid, owed, mid_ctx = self.shape = env.batch_shape()
-                if n_dec <= self.min_budget:  # the usual case: no budget pauses a decode
-                    self.bt_room, self.bt_d, self.bt_order = self.sorted_budgets(n_dec)
-                else:
-                    d = [min(b, n_dec) for b in self.budget_list]
-                    room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
-                    order = sorted(range(len(room)), key=room.__getitem__)
-                    self.bt_room, self.bt_d = [room[j] for j in order], [d[j] for j in order]
-                    self.bt_order = np.argsort(np.array(order))
-                self.bt_filled = 0
-        if self.timed:
-            n_dec, dec_ctx, mid, owed, mid_ctx = self.shape
-            want = owed + dp.sel_tokens
-            if want != self.bt_want:
-                self.bt_want = want
-                lat, chunks = self.e.latency, mid + len(dp.sel)
-                rooms, k, out = self.bt_room, self.bt_filled, self.bt_sorted
-                while k < len(rooms) and rooms[k] <= want:  # newly filled: p = its room, for good
-                    p, d = rooms[k], self.bt_d[k]
-                    t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d / n_dec) if n_dec else 0)
-                    out[k] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
-                    k += 1
-                self.bt_filled = k
-                if k < len(rooms):  # the others: everything wanted, every decode
-                    t = lat.batch_time(want, want + mid_ctx, chunks if want else 0, n_dec, dec_ctx)
-                    out[k:] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
-            return self.bt_sorted.take(self.bt_order)
-        return self.bt_sorted.copy()
+        n_dec, dec_ctx, mid, owed, mid_ctx = self.shape
+        want = owed + dp.sel_tokens
+        if want == self.bt_want:
+            return
+        self.bt_want = want
+        lat, chunks, base = self.e.latency, mid + len(dp.sel), self.base
+        rooms, k, where = self.bt_room, self.bt_filled, self.bt_at
+        while k < len(rooms) and rooms[k] <= want:  # newly filled: p = its room, for good
+            p, d = rooms[k], self.bt_d[k]
+            t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d / n_dec) if n_dec else 0)
+            base[where[k]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+            k += 1
+        self.bt_filled = k
+        if k < len(rooms):  # the others: everything wanted, every decode
+            t = lat.batch_time(want, want + mid_ctx, chunks if want else 0, n_dec, dec_ctx)
+            base[where[k:]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
 
     def sorted_budgets(self, n_dec: int):
-        """Budgets sorted by the prefill room they leave after ``n_dec`` decodes (cached: the
-        order only depends on the budgets while none is below the decodes)."""
+        """Budgets sorted by the prefill room they leave after ``n_dec`` decodes, and where each
+        one's value goes (cached: the order only depends on the budgets while none is below the
+        decodes)."""
         room = [b - n_dec for b in self.budget_list]
         order = self.room_order
-        return [room[j] for j in order], [n_dec] * len(order), self.room_inverse
+        return [room[j] for j in order], [n_dec] * len(order), self.room_at
 
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
         """The boundary-dependent queue features of requests ``ids`` (constant while a batch forms)."""
