@@ -35,6 +35,19 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (importlib.metadata costs
+    ~10 ms of every start otherwise)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"llmsched-gym {_version()}")
+        parser.exit()
+
+
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
@@ -234,7 +247,7 @@ def _tp_list(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmsched", description="LLM inference scheduling gym and simulator",
                                 formatter_class=HelpFormatter)
-    p.add_argument("--version", action="version", version=f"llmsched-gym {_version()}")
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("list", help="scenarios, policies and latency presets", formatter_class=HelpFormatter)
