@@ -36,21 +36,28 @@ _LOADED: dict[tuple, Agent] = {}
 
 def _model_stamp(path: str, best: bool) -> tuple:
     p = Path(path)
-    files = [p] if p.is_file() else sorted(p.glob("*.zip")) + sorted(p.glob("*.pkl"))
+    files = [p] if p.is_file() else sorted(p.glob("*.zip")) + sorted(p.glob("*.pkl")) + sorted(p.glob("rl_module/*.pkl"))
     return (str(path), best, tuple(f.stat().st_mtime_ns for f in files))
 
 
-def agent_cell(args: tuple) -> RunRecord:
-    """One sweep cell: ``(stamp, name, scenario, overrides, load, seed)`` -> the agent's record on
-    that workload (deterministic actions with masks)."""
+def cached_agent(path: str, best: bool = False) -> Agent:
+    """:func:`~agents.agent.load_agent`, once per process for each version of the model files (a
+    sweep's worker plays many cells of the same agent)."""
     import torch
 
-    stamp, name, scenario, overrides, load, seed = args
     # one observation at a time: extra threads only add synchronisation (badly so on a busy machine)
     torch.set_num_threads(1)
+    stamp = _model_stamp(path, best)
     if stamp not in _LOADED:
-        _LOADED[stamp] = load_agent(stamp[0], best=stamp[1])
-    agent = _LOADED[stamp]
+        _LOADED[stamp] = load_agent(path, best=best)
+    return _LOADED[stamp]
+
+
+def agent_cell(args: tuple) -> RunRecord:
+    """One sweep cell: ``(path, best, name, scenario, overrides, load, seed)`` -> the agent's record
+    on that workload (deterministic actions with masks)."""
+    path, best, name, scenario, overrides, load, seed = args
+    agent = cached_agent(path, best)
     env_kwargs = {k: v for k, v in agent.env_kwargs.items() if k not in ("overrides", "n_requests", "horizon_s")}
     env = make_env(scenario_spec(scenario, overrides, load), env_kwargs)
     try:
@@ -81,16 +88,16 @@ def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[
         names = [a.name for a in agents]
     if len(set(names)) != len(names):
         raise ValueError(f"model: two agents share a name ({names}); give their run folders distinct names")
-    stamps = [_model_stamp(str(m), best) for m in models]
-    _LOADED.update(zip(stamps, agents, strict=True))  # the serial path plays the agents loaded here
-    cells = [Cell(f"{a.name} seed {seed} load {load:g}", (stamp, a.name, scenario, overrides, load, seed))
-             for a, stamp in zip(agents, stamps, strict=True) for load in loads for seed in seeds]
+    # the serial path plays the agents loaded here
+    _LOADED.update({_model_stamp(str(m), best): a for m, a in zip(models, agents, strict=True)})
+    cells = [Cell(f"{a.name} seed {seed} load {load:g}", (str(m), best, a.name, scenario, overrides, load, seed))
+             for a, m in zip(agents, models, strict=True) for load in loads for seed in seeds]
     outcomes = run_cells(cells, agent_cell, settings, label="agents")
     skipped: dict[str, str] = {}
     for cell, o in zip(cells, outcomes, strict=True):
         if not o.ok:
-            skipped.setdefault(cell.args[1], f"{o.error} (cell {cell.name})")
-    records = [o.value for c, o in zip(cells, outcomes, strict=True) if o.ok and c.args[1] not in skipped]
+            skipped.setdefault(cell.args[2], f"{o.error} (cell {cell.name})")
+    records = [o.value for c, o in zip(cells, outcomes, strict=True) if o.ok and c.args[2] not in skipped]
     base, base_skipped = run_baselines(scenario, policies, seeds, loads, overrides, policy_params, settings)
     records += base
     skipped.update(base_skipped)

@@ -31,6 +31,7 @@ import numpy as np
 
 from llmsched_gym.core.scenarios import build_scenario, get_scenario
 from llmsched_gym.data import synthetic_note
+from llmsched_gym.parallel import Cell, Settings, run_cells
 
 TRAIN_SEEDS = (1000, 1999)
 """Training workloads: seeds 1000 to 1999 (inclusive); never used for scoring."""
@@ -137,37 +138,49 @@ def _policy_label(spec: str | dict) -> str:
     return f"{spec['name']}:{extra}" if extra else spec["name"]
 
 
-def run_policy(task: Task, spec: str | dict, seeds: list[int], overrides: dict[str, Any]) -> tuple[list[float], list[bool]]:
-    """A baseline (name or ``{"name": ..., **params}``) on every test seed of ``task``."""
+def _completed(s: dict[str, Any]) -> bool:
+    """Every request served (none rejected), or the horizon reached without a loop."""
+    return (s["n_completed"] + s["n_rejected"] == s["n_arrived"] and s["n_rejected"] == 0
+            or (s["stop_reason"] == "horizon" and not s["non_terminating"]))
+
+
+def policy_cell(args: tuple) -> tuple[float, bool]:
+    """One sweep cell: ``(task, policy spec, seed, overrides)`` -> (metric, completed)."""
     from llmsched_gym.sim import simulate
 
-    values, done = [], []
-    for seed in seeds:
-        s = simulate(task.scenario, spec, seed, overrides).summary
-        values.append(metric_value(s, task.metric))
-        done.append(s["n_completed"] + s["n_rejected"] == s["n_arrived"] and s["n_rejected"] == 0
-                    or (s["stop_reason"] == "horizon" and not s["non_terminating"]))
-    return values, done
+    task, spec, seed, overrides = args
+    s = simulate(task.scenario, spec, seed, overrides).summary
+    return metric_value(s, task.metric), _completed(s)
 
 
-def run_agent_dir(task: Task, path: str, seeds: list[int], overrides: dict[str, Any], best: bool) -> Entry | str:
-    """A trained agent (run folder or model .zip) on every test seed (masked, deterministic), or
-    why it is not scored: an agent is scored on the tasks of the scenario it was trained on."""
-    from agents.agent import load_agent, make_env, run_episode
+def agent_cell(args: tuple) -> tuple[float, bool, str]:
+    """One sweep cell: ``(task, agent path, best, seed, overrides)`` -> (metric, completed, agent name);
+    masked, deterministic actions."""
+    from agents.agent import make_env, run_episode
+    from agents.evaluate import cached_agent
 
-    agent = load_agent(path, best=best)
-    if agent.scenario not in (None, task.scenario):
-        return f"{agent.name} was trained on {agent.scenario}, not {task.scenario}"
+    task, path, best, seed, overrides = args
+    agent = cached_agent(path, best)
     env_kwargs = {k: v for k, v in agent.env_kwargs.items() if k not in ("overrides", "n_requests", "horizon_s")}
     env = make_env(task.scenario, env_kwargs, overrides)
-    values, done = [], []
-    for seed in seeds:
+    try:
         summary, _, _ = run_episode(agent, env, seed)
-        values.append(metric_value(summary, task.metric))
-        done.append(summary["n_completed"] + summary["n_rejected"] == summary["n_arrived"]
-                    or summary["stop_reason"] == "horizon")
-    env.close()
-    return Entry(agent.name, "agent", values, done, {"path": str(path)})
+    finally:
+        env.close()
+    done = summary["n_completed"] + summary["n_rejected"] == summary["n_arrived"] or summary["stop_reason"] == "horizon"
+    return metric_value(summary, task.metric), done, agent.name
+
+
+@dataclass
+class _Entrant:
+    """One entrant of one task while the cells run: its kind, label, spec (or agent path) and cells."""
+
+    task: Task
+    kind: str
+    label: str
+    spec: Any
+    params: dict[str, Any]
+    cells: list[int] = field(default_factory=list)
 
 
 def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
@@ -211,8 +224,12 @@ def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
 def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | None = None,
                   agents: list[str] | None = None, quick: bool = False, best_model: bool = False,
                   out: str | Path = "runs/benchmark", baselines: list[str] | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = None, settings: Settings | None = None) -> dict[str, Any]:
     """Score ``policies`` (extra parameterised baselines) and ``agents`` (run folders) on the suite.
+
+    Every (task, entrant, seed) is one cell of a sweep run with ``settings`` (jobs, backend, progress
+    bar; :mod:`llmsched_gym.parallel`), the results identical whatever the settings. A baseline that
+    cannot run a task is skipped with its reason; so is an entrant with a failing cell, named.
 
     :param tasks: task names (default: all; ``quick``: azure-conv and jaillet-high).
     :param baselines: the default-parameter references (default: every registered policy).
@@ -232,39 +249,57 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
                                             "validation_seed": VALIDATION_SEED, "test_seeds": seeds,
                                             "quick": quick, "grid": {k: list(v[1]) for k, v in GRID.items()}},
                                "tasks": {}}
+    # every (task, entrant, seed) is one cell of one sweep; the entrants are then scored in order
+    entrants: list[_Entrant] = []
     for name in names:
         task = by_name[name]
-        overrides = {**task.overrides, **(task.quick_overrides if quick else {})}
-        entries: list[Entry] = []
-        for ref in refs:
-            try:
-                values, done = run_policy(task, ref, seeds, overrides)
-            except Exception as e:  # noqa: BLE001 (a baseline that cannot run this scenario is reported)
-                reason = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-                if ref != "fcfs":
-                    results.setdefault("skipped", {}).setdefault(name, {})[ref] = reason
-                    continue
-                # the score's zero point: FCFS overflows the scenario's forbid handler, so it runs
-                # with vLLM's LIFO preemption instead (said in the results)
-                values, done = run_policy(task, ref, seeds, {**overrides, "engine.overflow": "preempt_lifo_recompute"})
-                results.setdefault("notes", {})[name] = f"fcfs ran with engine.overflow=preempt_lifo_recompute ({reason})"
-            entries.append(Entry(ref, "baseline", values, done))
-        for pol, (knob, grid) in GRID.items():
-            for v in grid:
-                spec = {"name": pol, knob: v}
-                values, done = run_policy(task, spec, seeds, overrides)
-                entries.append(Entry(_policy_label(spec), "grid", values, done, {knob: v}))
-        for spec in policies or []:
-            values, done = run_policy(task, spec, seeds, overrides)
-            entries.append(Entry(_policy_label(spec), "policy", values, done))
+        entrants += [_Entrant(task, "baseline", ref, ref, {}) for ref in refs]
+        entrants += [_Entrant(task, "grid", _policy_label({"name": pol, knob: v}), {"name": pol, knob: v}, {knob: v})
+                     for pol, (knob, grid) in GRID.items() for v in grid]
+        entrants += [_Entrant(task, "policy", _policy_label(spec), spec, {}) for spec in policies or []]
         for path in agents or []:
-            entry = run_agent_dir(task, path, seeds, overrides, best_model)
-            if isinstance(entry, str):
-                results.setdefault("skipped", {}).setdefault(name, {})[str(path)] = entry
-            else:
-                entries.append(entry)
+            # an agent is scored on the tasks of the scenario it was trained on
+            trained_on = _agent_scenario(str(path), best_model)
+            if trained_on not in (None, task.scenario):
+                results.setdefault("skipped", {}).setdefault(name, {})[str(path)] = (
+                    f"{path} was trained on {trained_on}, not {task.scenario}")
+                continue
+            entrants.append(_Entrant(task, "agent", str(path), str(path), {"path": str(path)}))
+    cells: list[Cell] = []
+    for e in entrants:
+        for seed in seeds:
+            e.cells.append(len(cells))
+            cells.append(_cell(e, seed, quick, best_model))
+    outcomes = run_cells(cells, _run_cell, settings, label="benchmark")
+    # the score's zero point: FCFS overflows a scenario's forbid handler, so it runs again with
+    # vLLM's LIFO preemption instead (said in the results)
+    retry = [e for e in entrants if e.kind == "baseline" and e.spec == "fcfs"
+             and not all(outcomes[i].ok for i in e.cells)]
+    if retry:
+        again = [_cell(e, seed, quick, best_model, {"engine.overflow": "preempt_lifo_recompute"})
+                 for e in retry for seed in seeds]
+        redone = run_cells(again, _run_cell, settings, label="benchmark: fcfs again")
+        for k, e in enumerate(retry):
+            first = next(outcomes[i] for i in e.cells if not outcomes[i].ok)
+            results.setdefault("notes", {})[e.task.name] = (
+                f"fcfs ran with engine.overflow=preempt_lifo_recompute ({first.error})")
+            for j, i in enumerate(e.cells):
+                outcomes[i] = redone[k * len(seeds) + j]
+    for name in names:
+        entries: list[Entry] = []
+        for e in (e for e in entrants if e.task.name == name):
+            got = [outcomes[i] for i in e.cells]
+            failed = next((o for o in got if not o.ok), None)
+            if failed is not None:  # reported by its cell; the other entrants are scored
+                reason = failed.error if e.kind == "baseline" else f"{failed.error} (cell {failed.name})"
+                results.setdefault("skipped", {}).setdefault(name, {})[e.label] = reason
+                continue
+            label = got[0].value[2] if e.kind == "agent" else e.label
+            entries.append(Entry(label, e.kind, [o.value[0] for o in got], [o.value[1] for o in got], e.params))
+        task = by_name[name]
         results["tasks"][name] = score_task(task, entries)
         # a trace task on a clone without the trace runs its synthetic stand-in: the leaderboard says so
+        overrides = {**task.overrides, **(task.quick_overrides if quick else {})}
         results["tasks"][name]["workload_source"] = build_scenario(get_scenario(task.scenario, overrides),
                                                                    seeds[0])[0].meta.get("workload_source")
         if progress:
@@ -274,6 +309,23 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     results["wall_s"] = time.perf_counter() - t0
     write_outputs(results, Path(out))
     return results
+
+
+def _agent_scenario(path: str, best: bool) -> str | None:
+    from agents.evaluate import cached_agent
+
+    return cached_agent(path, best).scenario
+
+
+def _cell(e: _Entrant, seed: int, quick: bool, best: bool, extra: dict[str, Any] | None = None) -> Cell:
+    overrides = {**e.task.overrides, **(e.task.quick_overrides if quick else {}), **(extra or {})}
+    args = (e.task, e.spec, best, seed, overrides) if e.kind == "agent" else (e.task, e.spec, seed, overrides)
+    return Cell(f"{e.task.name}: {e.label} seed {seed}", (e.kind, args))
+
+
+def _run_cell(args: tuple) -> tuple:
+    kind, rest = args
+    return agent_cell(rest) if kind == "agent" else policy_cell(rest)
 
 
 def leaderboard(results: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsched_gym.config import ConfigError
+from llmsched_gym.parallel import add_arguments as add_parallel_arguments
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -199,6 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_benchmark(args: argparse.Namespace) -> int:
     from llmsched_gym.benchmark import run_benchmark
     from llmsched_gym.config import check_output_dir, parse_sets
+    from llmsched_gym.parallel import settings_from
 
     check_output_dir(args.out, "--out")
     policies: list[str | dict[str, Any]] = []
@@ -208,7 +210,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
                         if params else name)
     say = None if args.quiet else (lambda m: print(f"  {m}", flush=True))
     results = run_benchmark(args.task, policies, args.agent, quick=args.quick, best_model=args.best, out=args.out,
-                            progress=say)
+                            progress=say, settings=settings_from(args, progress=not args.quiet))
     if not args.quiet:
         print(f"leaderboard: {Path(args.out) / 'leaderboard.md'} ({results['wall_s']:.0f}s)")
     return 0
@@ -293,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quick", action="store_true", help="two tasks, small workloads, two seeds (CI)")
     sp.add_argument("--out", default="runs/benchmark", help="output folder")
     sp.add_argument("--quiet", action="store_true", help="print no progress")
+    add_parallel_arguments(sp)
     sp.set_defaults(func=cmd_benchmark)
 
     sp = sub.add_parser("fidelity", help="batch-time models against real GPU measurements (MAPE, worst case, plots)")

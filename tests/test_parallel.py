@@ -83,3 +83,25 @@ def test_ray_outcomes_name_each_failure(ray_local):
     out = run_cells([Cell("a", 4.0), Cell("b", -1.0)], math.sqrt, Settings(backend="ray"))
     assert [(o.name, o.value, o.error) for o in out] == [("a", 2.0, None),
                                                           ("b", None, "ValueError: math domain error")]
+
+
+def test_benchmark_with_two_jobs_equals_the_serial_run(tmp_path):
+    from llmsched_gym.benchmark import run_benchmark
+
+    kw = {"tasks": ["jaillet-high"], "policies": [{"name": "sarathi", "chunk_size": 256}], "quick": True,
+          "baselines": ["fcfs", "sjf", "mcsf", "sarathi"]}
+    serial = run_benchmark(**kw, out=tmp_path / "a", settings=Settings(jobs=1))
+    parallel = run_benchmark(**kw, out=tmp_path / "b", settings=Settings(jobs=2))
+    assert without_wall_time({**serial, "wall_s": 0}) == without_wall_time({**parallel, "wall_s": 0})
+    assert (tmp_path / "a" / "leaderboard.md").read_text() == (tmp_path / "b" / "leaderboard.md").read_text()
+
+
+def test_jaillet_sweep_with_two_jobs_equals_the_serial_run():
+    from llmsched_gym.parallel import configured
+    from llmsched_gym.reproduce import jaillet
+
+    serial = jaillet.run_sweep(50.0, [60, 120], [0, 1], quick=True)
+    with configured(Settings(jobs=2)):
+        parallel = jaillet.run_sweep(50.0, [60, 120], [0, 1], quick=True)
+    assert without_wall_time(parallel) == without_wall_time(serial)
+    assert parallel["policies"]["mcsf"]["runs"][1][0]["n_completed"] == 120

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from llmsched_gym.config import ConfigError
+from llmsched_gym.parallel import Settings, configured, settings_from
+from llmsched_gym.parallel import add_arguments as add_parallel_arguments
 from llmsched_gym.reproduce import PAPERS
 from llmsched_gym.reproduce.report import (
     PaperReport,
@@ -262,15 +264,18 @@ def run_jaillet(quick: bool = False) -> PaperReport:
 # --- commands -------------------------------------------------------------------------------------
 
 
-def run_paper(paper: str, quick: bool, out: str | Path | None = None) -> Path:
-    """Run one paper's reproduction and write its report; returns the report path."""
+def run_paper(paper: str, quick: bool, out: str | Path | None = None, settings: Settings | None = None) -> Path:
+    """Run one paper's reproduction and write its report; returns the report path. ``settings``
+    (jobs, backend) run its sweeps in parallel where the paper's module has them as one
+    (:func:`llmsched_gym.reproduce.jaillet.run_many`); the report is the same."""
     if paper not in PAPERS:
         raise ConfigError(f"reproduce: unknown paper {paper!r}; allowed: {', '.join(PAPERS)}")
     t0 = time.perf_counter()
-    if paper == "jaillet":
-        report = run_jaillet(quick)
-    else:
-        report = importlib.import_module(f"llmsched_gym.reproduce.{paper}").run(quick)
+    with configured(settings or Settings()):
+        if paper == "jaillet":
+            report = run_jaillet(quick)
+        else:
+            report = importlib.import_module(f"llmsched_gym.reproduce.{paper}").run(quick)
     elapsed = time.perf_counter() - t0
     path = write_report(report, Path(out) if out else Path("runs/reproduce") / paper, elapsed, quick)
     print(f"{paper}: {sum(r.verdict == 'reproduced' for r in report.rows)}/{len(report.rows)} rows reproduced; "
@@ -282,7 +287,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from llmsched_gym.config import check_output_dir
 
     check_output_dir(args.out, "--out")
-    run_paper(args.paper, args.quick, args.out)
+    run_paper(args.paper, args.quick, args.out, settings_from(args))
     return 0
 
 
@@ -339,6 +344,7 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("paper", help="one of " + ", ".join(PAPERS) + " (docs/papers.md)")
     sp.add_argument("--quick", action="store_true", help="reduced version (under 2 minutes)")
     sp.add_argument("--out", default=None, help="report folder (default: runs/reproduce/PAPER)")
+    add_parallel_arguments(sp)
     sp.set_defaults(func=cmd_reproduce)
 
     sp = sub.add_parser("optimum", help="hindsight optimum of a small round-mode instance (Jaillet et al. 2025, Appendix B.1)",

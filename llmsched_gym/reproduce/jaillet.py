@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from llmsched_gym.core.scenarios import get_scenario
+from llmsched_gym.parallel import Cell, run_cells, values
 from llmsched_gym.sim import simulate
 
 FIGURE5: tuple[tuple[str, str, dict[str, float]], ...] = (
@@ -48,6 +49,18 @@ def scenario_for(rate: float, n_requests: int) -> dict[str, Any]:
     return spec
 
 
+def run_many(runs: list[tuple[float, int, str, dict[str, float], int]]) -> list[dict[str, Any]]:
+    """:func:`run_one` on every ``(rate, n_requests, policy, params, seed)``, as one sweep (the
+    ``--jobs``/``--backend`` of ``llmsched reproduce``; :mod:`llmsched_gym.parallel`), in order."""
+    cells = [Cell(f"{policy} {params} N={n} seed {seed} rate {rate:g}", (rate, n, policy, params, seed))
+             for rate, n, policy, params, seed in runs]
+    return values(run_cells(cells, _run_cell, label=f"jaillet runs at rate {runs[0][0]:g}" if runs else ""))
+
+
+def _run_cell(args: tuple[float, int, str, dict[str, float], int]) -> dict[str, Any]:
+    return run_one(*args)
+
+
 def run_one(rate: float, n_requests: int, policy: str, params: dict[str, float], seed: int) -> dict[str, Any]:
     """One run; the summary keys the sweep reports."""
     s = simulate(scenario_for(rate, n_requests), {"name": policy, **params}, seed=seed).summary
@@ -69,7 +82,8 @@ def slope(n_values: list[int], latencies: list[float]) -> float:
 def loop_scan(rate: float, n_requests: int, alphas: list[float], seed: int = 0) -> dict[str, Any]:
     """alpha-greedy on every ``alpha``: which runs the loop detector stops, and the smallest alpha
     from which every larger grid value terminates (the paper's "smallest loop-free alpha")."""
-    runs = {round(a, 4): run_one(rate, n_requests, "alpha-greedy", {"alpha": a}, seed) for a in alphas}
+    done = run_many([(rate, n_requests, "alpha-greedy", {"alpha": a}, seed) for a in alphas])
+    runs = {round(a, 4): r for a, r in zip(alphas, done, strict=True)}
     looping = sorted(a for a, r in runs.items() if r["non_terminating"])
     above = [a for a in sorted(runs) if not looping or a > looping[-1]]
     return {"n_requests": n_requests, "seed": seed, "runs": runs, "looping": looping,
@@ -88,8 +102,10 @@ def run_sweep(rate: float, n_values: list[int], seeds: list[int], quick: bool = 
     """
     n_values = [int(n) for n in n_values]
     policies: dict[str, Any] = {}
+    done = iter(run_many([(rate, n, policy, params, seed) for _, policy, params in FIGURE5
+                          for n in n_values for seed in seeds]))
     for label, policy, params in FIGURE5:
-        runs = [[run_one(rate, n, policy, params, seed) for seed in seeds] for n in n_values]
+        runs = [[next(done) for _ in seeds] for _ in n_values]
         mean = [float(np.mean([r["mean_e2e_s"] for r in row])) for row in runs]
         policies[label] = {"policy": policy, "params": params, "runs": runs, "mean_e2e_s": mean,
                            "slope": slope(n_values, mean),
@@ -115,12 +131,12 @@ def param_sweeps(rate: float, n_requests: int, seed: int = 0) -> dict[str, dict[
     (Fig. 9/12: beta in {0.1, 0.2}) and ``beta[alpha][beta]`` (Fig. 10/13: alpha in {0.1, 0.2}).
     A run stopped by the loop detector counts as infinite latency."""
 
-    seen: dict[tuple[float, float], float] = {}
+    pairs = list(dict.fromkeys([(a, b) for b in (0.1, 0.2) for a in SWEEP_GRID]
+                               + [(a, b) for a in (0.1, 0.2) for b in SWEEP_GRID]))
+    done = run_many([(rate, n_requests, "alpha-beta", {"alpha": a, "beta": b}, seed) for a, b in pairs])
+    seen = {p: float("inf") if r["non_terminating"] else float(r["mean_e2e_s"]) for p, r in zip(pairs, done, strict=True)}
 
     def lat(alpha: float, beta: float) -> float:
-        if (alpha, beta) not in seen:
-            r = run_one(rate, n_requests, "alpha-beta", {"alpha": alpha, "beta": beta}, seed)
-            seen[alpha, beta] = float("inf") if r["non_terminating"] else float(r["mean_e2e_s"])
         return seen[alpha, beta]
 
     return {"alpha": {b: {a: lat(a, b) for a in SWEEP_GRID} for b in (0.1, 0.2)},
