@@ -54,6 +54,10 @@ class Agent:
     scenario: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
 
+    def uses_mask(self) -> bool:
+        """Whether :meth:`act` takes the env's action mask."""
+        return is_maskable(self.model)
+
     def act(self, obs: Any, mask: np.ndarray | None, deterministic: bool = True) -> Any:
         """The action for one observation (``mask``: ``env.action_masks()``, MaskablePPO only).
 
@@ -87,6 +91,12 @@ def load_agent(path: str | Path, best: bool = False) -> Agent:
     from stable_baselines3.common.vec_env import VecNormalize
 
     p = Path(path)
+    if (p / "rl_module").is_dir():  # an RLlib run (agents/rllib.py)
+        try:
+            from agents.rllib import load_rllib_agent
+        except ImportError:
+            raise ValueError(f'model: {p} is an RLlib run; install the extra: pip install -e ".[rllib]"') from None
+        return load_rllib_agent(p)
     run_dir = p if p.is_dir() else p.parent
     if run_dir.name == "checkpoints":
         run_dir = run_dir.parent
@@ -165,7 +175,7 @@ def run_episode(agent: Agent, env: Any, seed: int, deterministic: bool = True
     obs, info = env.reset(seed=seed)
     done = False
     while not done:
-        mask = base.action_masks() if is_maskable(agent.model) else None
+        mask = base.action_masks() if agent.uses_mask() else None
         action = agent.act(obs, mask, deterministic)
         obs, _, terminated, truncated, info = env.step(action)
         done = terminated or truncated
