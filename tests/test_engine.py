@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baselines import make_policy
-from llmsched_gym.core.engine import ConfigError, Engine, EngineConfig
+from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.latency import LinearKVLatency, UnitLatency, make_latency
 from llmsched_gym.core.metrics import request_table, summarize
 from llmsched_gym.core.request import Workload
@@ -227,10 +227,21 @@ def test_forbid_refuses_an_infeasible_plan_naming_the_request():
         Engine(wl, cfg, UnitLatency(), Greedy(), seed=0).run()
 
 
-def test_capacity_smaller_than_one_request_is_a_config_error():
-    wl = Workload(arrival_s=[0], prompt_tokens=[60], output_tokens=[50])
-    with pytest.raises(ConfigError, match="kv_capacity_tokens: 100 is smaller than request 0"):
-        Engine(wl, EngineConfig(kv_capacity_tokens=100), UnitLatency(), make_policy("fcfs"))
+def test_a_request_larger_than_the_capacity_is_rejected_with_its_reason_and_the_rest_served():
+    wl = Workload(arrival_s=[0, 1, 2], prompt_tokens=[60, 30, 70], output_tokens=[50, 20, 40])
+    for bs, unit in ((1, "110 tokens"), (16, "7 blocks of 16")):
+        e = Engine(wl, EngineConfig(kv_capacity_tokens=100, block_size=bs), UnitLatency(), make_policy("fcfs"))
+        e.run()
+        assert e.state.tolist() == [4, 3, 4] and e.n_completed == 1 and e.n_rejected == 2
+        assert e.reject_reason[0] == f"needs {unit} of KV (prompt 60 + output 50 tokens), more than the capacity of " + (
+            "100" if bs == 1 else "6")
+
+
+def test_an_empty_workload_is_a_clean_empty_run():
+    e = Engine(Workload(arrival_s=[], prompt_tokens=[], output_tokens=[]), EngineConfig(), UnitLatency(),
+               make_policy("fcfs"))
+    e.run()
+    assert (e.n_iterations, e.n_completed, e.non_terminating, e.stop_reason) == (0, 0, False, "all requests finished")
 
 
 def test_horizon_reports_unfinished_requests():

@@ -25,6 +25,9 @@ Semantics of one iteration (``execute``):
    ``prefill_emits_token`` (real engines) and none otherwise (the theory papers); each decode
    produces one token; a request completes when its output length is reached and frees its KV.
 
+A request whose prompt plus output cannot fit in the KV capacity even alone is rejected at
+arrival with the reason (never lost, never an abort).
+
 A request holds ``kv_tokens = prefilled + tokens decoded since its (re)start`` tokens of KV,
 rounded up to blocks in paged mode. Requests keep their original arrival time through
 preemptions, so latency keeps counting.
@@ -293,7 +296,7 @@ class Engine:
             config.kv_capacity_tokens, config.block_size, workload, config.prefix_cache,
             config.prefix_cap_prompt_minus_one,
         )
-        self._check_capacity()
+        self._oversize = self._oversize_requests()
         engine_ss, policy_ss = np.random.SeedSequence(seed).spawn(2)
         self.rng = np.random.default_rng(engine_ss)
         self._noise: np.ndarray | None = None
@@ -320,8 +323,8 @@ class Engine:
         self.stop_reason = ""
         self.done = False
         stall = config.stall_iterations
-        if stall <= 0 and n:
-            stall = max(20_000, 4 * int(workload.prompt_tokens.max() + workload.output_tokens.max()))
+        if stall <= 0:
+            stall = max(20_000, 4 * int(workload.prompt_tokens.max() + workload.output_tokens.max())) if n else 20_000
         self.stall_iterations = stall
         self.log = IterationLog(self.kv.capacity_tokens)
         self.batches: list[dict] = []
@@ -347,19 +350,21 @@ class Engine:
         self.cached_tokens = np.zeros(n, dtype=np.int64)
         self.reject_reason: dict[int, str] = {}
 
-    def _check_capacity(self) -> None:
+    def _oversize_requests(self) -> frozenset[int]:
+        """Requests that cannot fit in the KV capacity even alone: they are rejected at arrival
+        (:meth:`_oversize_reason`), so a run with a small capacity serves the rest."""
         wl, bs = self.workload, self.config.block_size
         if not len(wl):
-            return
-        need_tok = wl.prompt_tokens + wl.output_tokens
-        need_blocks = -(-need_tok // bs)
-        i = int(np.argmax(need_blocks))
-        if need_blocks[i] > self.kv.capacity_blocks:
-            raise ConfigError(
-                f"engine.kv_capacity_tokens: {self.config.kv_capacity_tokens} is smaller than request {i} "
-                f"(prompt {int(wl.prompt_tokens[i])} + output {int(wl.output_tokens[i])} tokens"
-                + (f", {int(need_blocks[i])} blocks of {bs}" if bs > 1 else "") + ")"
-            )
+            return frozenset()
+        need_blocks = -(-(wl.prompt_tokens + wl.output_tokens) // bs)
+        return frozenset(np.flatnonzero(need_blocks > self.kv.capacity_blocks).tolist())
+
+    def _oversize_reason(self, i: int) -> str:
+        bs = self.config.block_size
+        need = -(-int(self._prompt[i] + self._output[i]) // bs)
+        unit = "tokens" if bs == 1 else f"blocks of {bs}"
+        return (f"needs {need} {unit} of KV (prompt {int(self._prompt[i])} + output {int(self._output[i])} tokens), "
+                f"more than the capacity of {self.kv.capacity_blocks}")
 
     @property
     def next_arrival_s(self) -> float:
@@ -404,23 +409,23 @@ class Engine:
         j = bisect.bisect_right(self._arrival, self.clock, lo=i0)
         if j == i0:
             return
-        if not self._hook_arrival:
+        if not self._hook_arrival and not self._oversize:
             self.state[i0:j] = WAITING
             self.waiting.extend(range(i0, j))
             self.waiting_tokens += int(self._prompt_cum[j] - self._prompt_cum[i0])
             self.next_idx = j
             return
-        sched, view = self.scheduler, self.view
+        sched, view, hook, oversize = self.scheduler, self.view, self._hook_arrival, self._oversize
         for i in range(i0, j):
             self.next_idx = i + 1
-            if sched.on_arrival(i, view):
+            if i not in oversize and (not hook or sched.on_arrival(i, view)):
                 self.state[i] = WAITING
                 self.waiting.append(i)
                 self.waiting_tokens += int(self._prompt[i])
             else:
                 self.state[i] = REJECTED
                 self.counters.n_rejected += 1
-                self.reject_reason[i] = sched.reject_reason(i)
+                self.reject_reason[i] = self._oversize_reason(i) if i in oversize else sched.reject_reason(i)
 
     def _should_stop(self) -> bool:
         cfg, c = self.config, self.counters
