@@ -23,7 +23,8 @@ Readings and departures (ours where the paper leaves the rule open):
   assumed to finish in the next iteration. With noisy predictions the test can be wrong and an
   iteration can overflow; the engine's handler then applies (the paper, Section 8.1, only says the
   worker stops). Recommended: ``--set engine.overflow=preempt_lifo_recompute``; under the
-  scenarios' default ``forbid`` an overflow aborts the run with a PlanError.
+  scenarios' default ``forbid`` a plan that would overflow drops its newest admissions, then
+  preempts the newest running requests (:func:`~baselines.base.fit_plan`).
 * A request preempted with recompute re-enters with its prompt plus generated tokens to
   re-prefill and its predicted remaining output; the queue order stays the paper's ``o_i``.
 * Paged KV (``block_size > 1``, outside the paper): each request is charged ``block_size - 1``

@@ -232,6 +232,10 @@ class KVCache:
                 idle += 1
         return m, idle
 
+    def references(self, hsh: int) -> int:
+        """Running requests holding cached block ``hsh`` (0: idle, or not cached)."""
+        return self._ref.get(hsh, 0)
+
     def next_evictions(self, k: int) -> list[int]:
         """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
         return list(islice(self._idle, k))

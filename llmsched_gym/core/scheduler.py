@@ -86,6 +86,8 @@ class EngineView:
                               generated after a recompute preemption)
     ``generated``             output tokens produced so far
     ``kv_tokens``             KV tokens held per request (prefilled + decoded since)
+    ``swapped``               per request: its KV is swapped out to host memory (it
+                              resumes from it when admitted again)
     ``kv_used`` / ``kv_free`` KV in tokens (paged mode: blocks x block size)
     ``kv_capacity``           capacity in tokens
     ``block_size``            1 in token mode
@@ -171,6 +173,10 @@ class EngineView:
     @property
     def kv_tokens(self) -> np.ndarray:
         return self._e.kv_tokens
+
+    @property
+    def swapped(self) -> np.ndarray:
+        return self._e.swapped
 
     # memory
     @property

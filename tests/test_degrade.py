@@ -1,0 +1,105 @@
+"""Valid configurations never abort: a registered policy whose plan would overflow under ``forbid``
+degrades (fewer admissions, then LIFO preemption) instead of ending the run with a PlanError, and a
+request that cannot fit even alone is rejected with its reason.
+
+* The configurations reported to abort run to the end with every request accounted for and the KV
+  within capacity at every iteration.
+* ``plan_shortfall`` counts exactly what the engine counts: on random engine states (paged KV,
+  prefix cache, swap, recompute) and random plans, the engine refuses a plan iff it is positive.
+* A plan that fits passes unchanged (the same object), so runs that never overflow are unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from baselines import make_policy
+from baselines.base import fit_plan, plan_shortfall
+from llmsched_gym.core.engine import Engine, EngineConfig
+from llmsched_gym.core.latency import UnitLatency
+from llmsched_gym.core.request import Workload
+from llmsched_gym.core.scheduler import BatchPlan, PlanError
+from llmsched_gym.sim import simulate
+
+ABORTED = [  # (scenario, policy, seed, overrides): each ended in a PlanError before
+    ("jaillet-high", "fcfs", 0, {"workload.n_requests": 500}),
+    ("jaillet-low", "fcfs", 0, {"workload.n_requests": 2400, "engine.kv_capacity_tokens": 1000}),
+    ("azure-conv", "echo-bs-e", 692495, {"workload.n_requests": 121, "engine.kv_capacity_tokens": 5939,
+                                         "engine.block_size": 32, "engine.preempt_mode": "swap"}),
+    ("jaillet-noisy", "vtc-oracle", 23526, {"workload.n_requests": 236, "engine.kv_capacity_tokens": 8246,
+                                            "engine.overflow": "forbid"}),
+]
+
+
+@pytest.mark.parametrize("scenario, policy, seed, overrides", ABORTED)
+def test_configurations_that_aborted_run_to_the_end(scenario, policy, seed, overrides):
+    r = simulate(scenario, policy, seed, overrides)
+    s = r.summary
+    assert not s["non_terminating"]
+    assert s["n_arrived"] == s["n_completed"] + s["n_rejected"] == overrides["workload.n_requests"]
+    assert r.engine.config.overflow == "forbid"
+    assert (r.iterations["kv_used"] <= r.iterations["kv_capacity"]).all()
+    assert set(r.engine.reject_reason) == set(np.flatnonzero(r.engine.state == 4).tolist())
+
+
+def test_oversize_requests_are_rejected_with_the_reason_and_the_rest_served():
+    r = simulate("jaillet-low", "fcfs", 0, {"workload.n_requests": 2400, "engine.kv_capacity_tokens": 1000})
+    e = r.engine
+    assert r.summary["n_rejected"] == 14
+    for rid, why in e.reject_reason.items():
+        need = int(e.workload.prompt_tokens[rid] + e.workload.output_tokens[rid])
+        assert need > 1000 and why.startswith(f"needs {need} tokens of KV")
+
+
+def _engine(draw, bs: int, mode: str) -> Engine:
+    n = draw(st.integers(4, 14))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    prompt = rng.integers(1, 40, n)
+    prefix = [((int(rng.integers(0, 3)), int(p // 2)),) if p >= 2 and rng.random() < 0.7 else None for p in prompt]
+    wl = Workload(arrival_s=np.sort(rng.uniform(0, 3, n)), prompt_tokens=prompt,
+                  output_tokens=rng.integers(1, 30, n), prefix=prefix)
+    cap = int(draw(st.integers(50, 150)))
+    cfg = EngineConfig(kv_capacity_tokens=cap, block_size=bs, overflow="preempt_lifo_recompute", preempt_mode=mode,
+                       prefill_emits_token=draw(st.booleans()), fast_forward=False)
+    e = Engine(wl, cfg, UnitLatency(), make_policy("sarathi", chunk_size=24) if draw(st.booleans()) else make_policy("fcfs"))
+    for _ in range(draw(st.integers(0, 40))):  # some history: running, swapped, cached, preempted requests
+        if not e.poll():
+            break
+        e.execute(e.scheduler.schedule(e.view))
+    e.config.overflow = "forbid"
+    return e
+
+
+@settings(max_examples=150)
+@given(st.data(), st.sampled_from([1, 4, 16]), st.sampled_from(["recompute", "restart", "swap"]))
+def test_plan_shortfall_is_what_the_engine_refuses(data, bs, mode):
+    e = _engine(data.draw, bs, mode)
+    if not e.poll():
+        return
+    view = e.view
+    preempt = data.draw(st.lists(st.sampled_from(view.running), unique=True)) if view.running else []
+    candidates = list(view.waiting) + preempt + [r for r in view.running if view.prefilled[r] < view.prefill_target[r]]
+    chosen = data.draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
+    prefill = {r: data.draw(st.integers(0, 50)) for r in chosen}
+    plan = BatchPlan(prefill=prefill, preempt=preempt, decode=data.draw(st.booleans()))
+    short = plan_shortfall(view, plan)
+    trial = copy.deepcopy(e)
+    try:
+        trial.execute(plan)
+        refused = False
+    except PlanError as err:
+        if not str(err).startswith("overflow"):
+            return  # an invalid plan (not a memory question)
+        refused = True
+    assert refused == (short > 0), short
+    fitted = fit_plan(view, plan)
+    if not refused:
+        assert fitted is plan
+    else:
+        assert plan_shortfall(view, fitted) <= 0
+        copy.deepcopy(e).execute(fitted)
