@@ -1,7 +1,8 @@
 """A trained agent as a policy: load it from a run folder and play whole episodes on seeded workloads.
 
-A run folder (``runs/train/NAME``) holds ``model.zip`` (or ``best_model.zip``), the matching
-``vecnormalize.pkl`` and ``run.json`` (algorithm, env settings, seeds). :func:`run_episode` drives
+A run folder (``runs/train/NAME``) holds ``model.json`` + ``model.safetensors`` (and the
+``best_model`` pair; :mod:`agents.storage`: weights, normalisation statistics and settings, loaded
+without unpickling) and ``run.json`` (algorithm, env settings, seeds). :func:`run_episode` drives
 ``LLMSched-v0`` with the agent on one seed until the workload is served, passing the action masks
 at every prediction, and returns the same summary/requests/iterations triple as ``simulate()``.
 """
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from agents.storage import AgentFileError, build_model, read_agent_file, restore_vecnormalize
 
 ENV_ID = "llmsched_gym:LLMSched-v0"
 
@@ -86,11 +89,17 @@ class Agent:
         return action
 
 
-def load_agent(path: str | Path, best: bool = False) -> Agent:
-    """Load ``path`` (a run folder, or a model ``.zip`` inside one); ``best`` picks ``best_model.zip``."""
-    from stable_baselines3.common.vec_env import VecNormalize
+def load_agent(path: str | Path, best: bool = False, trust_model: bool = False) -> Agent:
+    """Load ``path``: a run folder, or one agent file in it (``model.json``, ``model.safetensors``);
+    ``best`` picks ``best_model`` in a folder.
 
+    Only the safe files are read (:mod:`agents.storage`: JSON and safetensors, no code runs). An
+    SB3 ``.zip`` (and its ``vecnormalize`` pickle), from older runs or from elsewhere, is loaded
+    only with ``trust_model=True`` (``--trust-model``): unpickling it runs any code it carries.
+    """
     p = Path(path)
+    if not p.exists():
+        raise AgentFileError(f"model: {p} does not exist")
     if (p / "rl_module").is_dir():  # an RLlib run (agents/rllib.py)
         try:
             from agents.rllib import load_rllib_agent
@@ -101,27 +110,56 @@ def load_agent(path: str | Path, best: bool = False) -> Agent:
     if run_dir.name == "checkpoints":
         run_dir = run_dir.parent
     if p.is_dir():
-        names = ("best_model.zip", "model.zip") if best else ("model.zip", "best_model.zip")
-        model_path = next((run_dir / n for n in names if (run_dir / n).exists()), None)
-        if model_path is None:
-            raise FileNotFoundError(f"model: no model.zip or best_model.zip in {run_dir}")
+        stems = ("best_model", "model") if best else ("model", "best_model")
+        stem = next((p / s for s in stems if (p / f"{s}.json").exists()), None)
+        if stem is None:
+            zips = [p / f"{s}.zip" for s in stems if (p / f"{s}.zip").exists()]
+            if not zips:
+                raise AgentFileError(f"model: no model.json or best_model.json in {p}")
+            if not trust_model:
+                raise AgentFileError(f"model: {p} holds only an SB3 zip ({zips[0].name}), which runs code stored in it "
+                                     "when loaded; pass --trust-model only if you trust its source")
+            return _load_trusted(zips[0], run_dir)
+    elif p.suffix in (".json", ".safetensors"):
+        stem = p.with_suffix("")
+    elif p.suffix == ".zip":
+        if not trust_model:
+            raise AgentFileError(f"model: {p} is an SB3 zip, which runs code stored in it when loaded; "
+                                 "pass --trust-model only if you trust its source")
+        return _load_trusted(p, run_dir)
     else:
-        model_path = p
-    if not model_path.exists():
-        raise FileNotFoundError(f"model: {model_path} does not exist")
+        raise AgentFileError(f"model: {p} is not a run folder, an agent file (.json, .safetensors) or an SB3 .zip")
+    meta, tensors = read_agent_file(stem)
+    model = build_model(meta, tensors)
+    vecnorm = None
+    if meta.get("vecnormalize"):
+        vecnorm = restore_vecnormalize(meta["vecnormalize"], model.get_env(), training=False)
+    run_path = run_dir / "run.json"
+    run = json.loads(run_path.read_text()) if run_path.exists() else {}
+    return Agent(describe_run(run, run_dir.name), model, vecnorm, meta.get("env_kwargs", run.get("env_kwargs", {})),
+                 meta.get("scenario", run.get("scenario")), meta.get("overrides", run.get("overrides", {})))
+
+
+def _load_trusted(model_path: Path, run_dir: Path) -> Agent:
+    """SB3's own loading (cloudpickle) and the ``vecnormalize`` pickle: trusted files only."""
+    import pickle
+    import sys
+
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    print(f"warning: --trust-model: loading {model_path} with pickle, which can run any code the file holds",
+          file=sys.stderr)
     meta_path = run_dir / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    algo = meta.get("algo", "maskable-ppo")
-    model = algo_class(algo).load(str(model_path), device="cpu")
+    model = algo_class(meta.get("algo", "maskable-ppo")).load(str(model_path), device="cpu")
     model.policy.set_training_mode(False)
     vecnorm = None
     vn_path = vecnormalize_path(model_path)
     if vn_path.exists():
-        import pickle
-
         with vn_path.open("rb") as f:
-            vecnorm = pickle.load(f)
-        assert isinstance(vecnorm, VecNormalize)
+            vecnorm = pickle.load(f)  # noqa: S301 (the user trusts this file: --trust-model)
+        if not isinstance(vecnorm, VecNormalize):
+            raise AgentFileError(f"model: {vn_path} is not a VecNormalize pickle")
         vecnorm.training = False
     return Agent(describe_run(meta, run_dir.name), model, vecnorm, meta.get("env_kwargs", {}), meta.get("scenario"),
                  meta.get("overrides", {}))
@@ -162,8 +200,13 @@ def algo_class(algo: str) -> Any:
 
     classes = {"maskable-ppo": MaskablePPO, "ppo": PPO}
     if algo not in classes:
-        raise ValueError(f"algo: {algo!r} is not one of {', '.join(classes)}")
+        raise AgentFileError(f"algo: {algo!r} is not one of {', '.join(classes)}")
     return classes[algo]
+
+
+def algo_name(model: Any) -> str:
+    """``maskable-ppo`` or ``ppo``: the name :func:`algo_class` takes."""
+    return "maskable-ppo" if is_maskable(model) else "ppo"
 
 
 def run_episode(agent: Agent, env: Any, seed: int, deterministic: bool = True

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -84,21 +83,22 @@ class SummaryScalarsCallback(BaseCallback):
 class BaselineScoreCallback(BaseCallback):
     """Every ``every`` rollouts, play the agent deterministically on a fixed workload and record its
     E2E mean and P99 TTFT relative to the best baseline on the same workload (computed once).
-    With ``save_dir``, the model with the best relative E2E so far is saved there as
-    ``best_model.zip`` with its normalisation (``best_vecnormalize.pkl``).
+    With ``save``, the model with the best relative E2E so far is saved as ``best_model`` (with its
+    normalisation statistics).
 
     :param evaluate: ``model -> summary`` on the fixed workload (uses the current normalisation).
     :param baselines: ``{name: summary}`` of the baselines on that workload.
+    :param save: ``stem -> None``, saves the current model and statistics as the run's ``stem``.
     """
 
     def __init__(self, evaluate: Callable[[Any], dict], baselines: dict[str, dict], every: int = 1,
-                 save_dir: Path | None = None, vecnorm: Any = None) -> None:
+                 save: Callable[[str], None] | None = None) -> None:
         super().__init__()
         self.evaluate = evaluate
         self.every = max(1, int(every))
         self.best = {key: best_value(baselines, get) for key, get in
                      (("e2e_mean_s", SUMMARY_SCALARS[0][1]), ("ttft_p99_s", SUMMARY_SCALARS[3][1]))}
-        self.save_dir, self.vecnorm = save_dir, vecnorm
+        self.save = save
         self.best_rel = math.inf
         self._rollouts = 0
         self.last: dict[str, float] = {}
@@ -119,16 +119,28 @@ class BaselineScoreCallback(BaseCallback):
             self.last[f"rel_{key}_vs_best"] = self.last[key] / best if done >= 0.99 and best > 0 else 10.0
         for key, value in self.last.items():
             self.logger.record(f"eval/{key}", float(value))
-        if self.save_dir is not None and self.last["rel_e2e_mean_s_vs_best"] < self.best_rel:
+        if self.save is not None and self.last["rel_e2e_mean_s_vs_best"] < self.best_rel:
             self.best_rel = self.last["rel_e2e_mean_s_vs_best"]
-            self.save_best()
+            self.save("best_model")
 
-    def save_best(self) -> None:
-        """Save the current model as the best one (and its normalisation statistics)."""
-        assert self.save_dir is not None
-        self.model.save(str(self.save_dir / "best_model.zip"))
-        if self.vecnorm is not None:
-            self.vecnorm.save(str(self.save_dir / "best_vecnormalize.pkl"))
+
+class Checkpoints(BaseCallback):
+    """Save ``checkpoints/model_N_steps`` every ``every`` timesteps (N: timesteps so far), in the
+    safe agent format (SB3's ``CheckpointCallback`` writes pickles).
+
+    :param save: ``stem -> None``, saves the current model and statistics as the run's ``stem``.
+    """
+
+    def __init__(self, every: int, save: Callable[[str], None]) -> None:
+        super().__init__()
+        self.every, self.save = max(1, int(every)), save
+        self._next = self.every
+
+    def _on_step(self) -> bool:
+        if self.num_timesteps >= self._next:
+            self.save(f"checkpoints/model_{self.num_timesteps}_steps")
+            self._next = (self.num_timesteps // self.every + 1) * self.every
+        return True
 
 
 def best_value(summaries: dict[str, dict], get: Callable[[dict], float]) -> float:

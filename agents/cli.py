@@ -13,6 +13,9 @@ from typing import Any
 from llmsched_gym.config import ConfigError
 from llmsched_gym.parallel import add_arguments as add_parallel_arguments
 
+TRUST_HELP = ("also load SB3 .zip models and vecnormalize pickles: unpickling runs any code they carry, so "
+              "only for files you trust (the default reads only .json + .safetensors)")
+
 
 def _sets(items: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     from llmsched_gym.config import parse_sets, split_policy_sets
@@ -65,8 +68,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         env_kwargs={k: v for k, v in env_kwargs.items() if v is not None},
         hyperparams=_hp(args.hp), hyperparams_file=args.hyperparams, bc_from=args.bc_from,
         bc_episodes=args.bc_episodes, bc_epochs=args.bc_epochs, resume=args.resume,
-        checkpoint_every=args.checkpoint_every, score_every=args.score_every, progress=not args.no_progress,
-        torch_threads=args.threads, max_minutes=args.max_minutes, validation_requests=args.validation_requests,
+        trust_model=args.trust_model, checkpoint_every=args.checkpoint_every, score_every=args.score_every,
+        progress=not args.no_progress, torch_threads=args.threads, max_minutes=args.max_minutes,
+        validation_requests=args.validation_requests,
     )
     meta = train(cfg)
     v = meta["validation"]
@@ -101,7 +105,7 @@ def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str
     check_output_dir(out, "--out")
     compare(scenario, parse_seeds(args.seeds), _loads(args.loads), _policies(args.policies), models, overrides,
             policy_params, out, plots=not args.no_plots, best=getattr(args, "best", False), quiet=args.quiet,
-            settings=settings_from(args))
+            settings=settings_from(args), trust_model=getattr(args, "trust_model", False))
     return 0
 
 
@@ -157,7 +161,8 @@ def add_subcommands(sub: Any) -> None:
                          "the hyperparameter file's bc entry)")
     sp.add_argument("--bc-episodes", type=int, default=None, help="demonstration episodes (default: the file's, else 4)")
     sp.add_argument("--bc-epochs", type=int, default=None, help="cloning epochs (default: the file's, else 10)")
-    sp.add_argument("--resume", default=None, help="checkpoint .zip (or run folder) to continue from")
+    sp.add_argument("--resume", default=None, help="checkpoint (.json) or run folder to continue from")
+    sp.add_argument("--trust-model", action="store_true", help=TRUST_HELP)
     sp.add_argument("--checkpoint-every", type=int, default=10_000, help="timesteps between checkpoints")
     sp.add_argument("--score-every", type=int, default=1,
                     help="rollouts between validation scores against the baselines (0 = never)")
@@ -171,9 +176,10 @@ def add_subcommands(sub: Any) -> None:
 
     sp = sub.add_parser("evaluate", help="agents and baselines on held-out seeds, with a report",
                         formatter_class=HelpFormatter)
-    sp.add_argument("--model", action="append", help="run folder or model .zip (repeatable)")
+    sp.add_argument("--model", action="append", help="run folder or agent file (.json) (repeatable)")
     sp.add_argument("--scenario", default=None, help="default: the model's training scenario")
-    sp.add_argument("--best", action="store_true", help="use best_model.zip instead of model.zip")
+    sp.add_argument("--best", action="store_true", help="use best_model instead of model")
+    sp.add_argument("--trust-model", action="store_true", help=TRUST_HELP)
     _common_eval(sp, "100-104", "all")
     sp.set_defaults(func=cmd_evaluate)
 

@@ -31,33 +31,36 @@ from agents.report import (
 from llmsched_gym.parallel import Cell, Settings, run_cells
 
 _LOADED: dict[tuple, Agent] = {}
-"""Agents loaded in this process, by (path, best, model files' mtimes): a worker loads each once."""
+"""Agents loaded in this process, by (path, best, trust_model, model files' mtimes): a worker loads
+each once."""
+
+_MODEL_FILES = ("*.json", "*.safetensors", "*.zip", "*.pkl", "rl_module/*.pkl")
 
 
-def _model_stamp(path: str, best: bool) -> tuple:
+def _model_stamp(path: str, best: bool, trust_model: bool = False) -> tuple:
     p = Path(path)
-    files = [p] if p.is_file() else sorted(p.glob("*.zip")) + sorted(p.glob("*.pkl")) + sorted(p.glob("rl_module/*.pkl"))
-    return (str(path), best, tuple(f.stat().st_mtime_ns for f in files))
+    files = [p] if p.is_file() else [f for pattern in _MODEL_FILES for f in sorted(p.glob(pattern))]
+    return (str(path), best, trust_model, tuple(f.stat().st_mtime_ns for f in files))
 
 
-def cached_agent(path: str, best: bool = False) -> Agent:
+def cached_agent(path: str, best: bool = False, trust_model: bool = False) -> Agent:
     """:func:`~agents.agent.load_agent`, once per process for each version of the model files (a
     sweep's worker plays many cells of the same agent)."""
     import torch
 
     # one observation at a time: extra threads only add synchronisation (badly so on a busy machine)
     torch.set_num_threads(1)
-    stamp = _model_stamp(path, best)
+    stamp = _model_stamp(path, best, trust_model)
     if stamp not in _LOADED:
-        _LOADED[stamp] = load_agent(path, best=best)
+        _LOADED[stamp] = load_agent(path, best=best, trust_model=trust_model)
     return _LOADED[stamp]
 
 
 def agent_cell(args: tuple) -> RunRecord:
-    """One sweep cell: ``(path, best, name, scenario, overrides, load, seed)`` -> the agent's record
-    on that workload (deterministic actions with masks)."""
-    path, best, name, scenario, overrides, load, seed = args
-    agent = cached_agent(path, best)
+    """One sweep cell: ``(path, best, trust_model, name, scenario, overrides, load, seed)`` -> the
+    agent's record on that workload (deterministic actions with masks)."""
+    path, best, trust_model, name, scenario, overrides, load, seed = args
+    agent = cached_agent(path, best, trust_model)
     env_kwargs = {k: v for k, v in agent.env_kwargs.items() if k not in ("overrides", "n_requests", "horizon_s")}
     env = make_env(scenario_spec(scenario, overrides, load), env_kwargs)
     try:
@@ -71,8 +74,9 @@ def agent_cell(args: tuple) -> RunRecord:
 def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[str], models: list[str],
             overrides: dict[str, Any] | None, policy_params: dict[str, Any] | None, out: str | Path,
             plots: bool = True, best: bool = False, quiet: bool = False,
-            settings: Settings | None = None) -> dict[str, Any]:
-    """Run baselines ``policies`` and the agents in ``models`` and write the report into ``out``.
+            settings: Settings | None = None, trust_model: bool = False) -> dict[str, Any]:
+    """Run baselines ``policies`` and the agents in ``models`` and write the report into ``out``
+    (``trust_model``: also load SB3 zips, see :func:`~agents.agent.load_agent`).
 
     Every (agent or baseline, load, seed) is one cell of a sweep run with ``settings`` (jobs,
     backend; :mod:`llmsched_gym.parallel`); the records are in the serial order whatever the
@@ -80,7 +84,7 @@ def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[
     """
     t0 = time.perf_counter()
     settings = replace(settings or Settings(), progress=not quiet)
-    agents = [load_agent(m, best=best) for m in models]
+    agents = [load_agent(m, best=best, trust_model=trust_model) for m in models]
     names = [a.name for a in agents]
     if len(set(names)) != len(names):  # same algorithm, start and length: tell them apart by folder
         for a, m in zip(agents, models, strict=True):
@@ -89,8 +93,8 @@ def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[
     if len(set(names)) != len(names):
         raise ValueError(f"model: two agents share a name ({names}); give their run folders distinct names")
     # the serial path plays the agents loaded here
-    _LOADED.update({_model_stamp(str(m), best): a for m, a in zip(models, agents, strict=True)})
-    cells = [Cell(f"{a.name} seed {seed} load {load:g}", (str(m), best, a.name, scenario, overrides, load, seed))
+    _LOADED.update({_model_stamp(str(m), best, trust_model): a for m, a in zip(models, agents, strict=True)})
+    cells = [Cell(f"{a.name} seed {seed} load {load:g}", (str(m), best, trust_model, a.name, scenario, overrides, load, seed))
              for a, m in zip(agents, models, strict=True) for load in loads for seed in seeds]
     outcomes = run_cells(cells, agent_cell, settings, label="agents")
     skipped: dict[str, str] = {}

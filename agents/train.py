@@ -9,11 +9,12 @@
    :class:`~agents.features.QueueSetExtractor`, or a checkpoint to resume;
 4. optional behaviour cloning (``--bc-from POLICY``) on demonstrations from ``env.expert_action``;
 5. ``learn`` with checkpoints, TensorBoard scalars, the validation score against every baseline
-   (best model kept) and a progress bar; ``model.zip`` + ``vecnormalize.pkl`` + ``run.json``.
+   (best model kept) and a progress bar; ``model`` + ``run.json``.
 
-Outputs in ``runs/train/NAME/``: ``model.zip``, ``vecnormalize.pkl``, ``best_model.zip``,
-``best_vecnormalize.pkl``, ``checkpoints/model_N_steps.zip`` (+ ``model_vecnormalize_N_steps.pkl``),
-``tb/`` (TensorBoard) and ``run.json`` (settings, seeds, baselines, final scores, wall time).
+Outputs in ``runs/train/NAME/``, every model as a ``.json`` + ``.safetensors`` pair
+(:mod:`agents.storage`: loads without unpickling, normalisation statistics included): ``model``,
+``best_model``, ``checkpoints/model_N_steps``, ``tb/`` (TensorBoard) and ``run.json`` (settings,
+seeds, baselines, final scores, wall time).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from agents.agent import Agent, algo_class, make_env, run_episode, vecnormalize_path
+from agents.agent import Agent, algo_class, load_agent, make_env, run_episode
+from agents.storage import AgentFileError, build_model, read_agent_file, restore_vecnormalize, save_agent
 from llmsched_gym.config import (
     BEHAVIOUR_CLONING,
     HYPERPARAMS,
@@ -58,7 +60,8 @@ class TrainConfig:
         demonstrations pre-train the policy; ``None``: the file's ``bc`` entry; ``"none"``: no cloning.
     :param bc_episodes: demonstration episodes (default: the file's, else 4).
     :param bc_epochs: cloning epochs over them (default: the file's, else 10).
-    :param resume: a checkpoint (``.zip``) or run folder to continue from.
+    :param resume: a checkpoint (``.json``/``.safetensors``) or run folder to continue from.
+    :param trust_model: allow ``resume`` to be an SB3 ``.zip`` (unpickled: it can run code).
     :param validation_requests: requests of the validation workload (default: the file's
         ``validation_requests``, else the training episodes' size); score checkpoints on the size
         the agent is tested on.
@@ -82,6 +85,7 @@ class TrainConfig:
     bc_episodes: int | None = None
     bc_epochs: int | None = None
     resume: str | None = None
+    trust_model: bool = False
     checkpoint_every: int = 10_000
     score_every: int = 1
     validation_requests: int | None = None
@@ -303,11 +307,12 @@ def validation_baselines(scenario: str, overrides: dict[str, Any]) -> dict[str, 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train (or resume) an agent; returns the contents of ``run.json``."""
     import torch
-    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
     from agents.callbacks import (
         BaselineScoreCallback,
+        Checkpoints,
         RichProgressCallback,
         SummaryScalarsCallback,
         WallClockLimit,
@@ -340,12 +345,23 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     ppo_kw = {k: schedule(hp[k]) for k in PPO_KEYS if k in hp}
     if cfg.resume:
         rp = Path(cfg.resume)
-        model_path = rp if rp.suffix == ".zip" else (rp / "model.zip")
-        if not model_path.exists():
-            raise FileNotFoundError(f"resume: {model_path} does not exist")
-        vn = vecnormalize_path(model_path)
-        venv = VecNormalize.load(str(vn), venv) if vn.exists() else VecNormalize(venv, gamma=gamma, **norm_kw)
-        model = cls.load(str(model_path), env=venv, device="cpu", tensorboard_log=str(run_dir / "tb"))
+        if rp.suffix == ".zip":
+            old = load_agent(rp, trust_model=cfg.trust_model)  # refused without trust_model
+            venv = VecNormalize(venv, gamma=gamma, **norm_kw)
+            if old.vecnorm is not None:
+                venv.obs_rms, venv.ret_rms = old.vecnorm.obs_rms, old.vecnorm.ret_rms
+            model = old.model
+            model.set_env(venv)
+            model.tensorboard_log = str(run_dir / "tb")
+        else:
+            stem = rp / "model" if rp.is_dir() else rp.with_suffix("")
+            if not stem.with_suffix(".json").exists():
+                raise AgentFileError(f"resume: {stem.with_suffix('.json')} does not exist")
+            saved, tensors = read_agent_file(stem)
+            stats = saved.get("vecnormalize")
+            venv = (restore_vecnormalize(stats, venv, training=True) if stats
+                    else VecNormalize(venv, gamma=gamma, **norm_kw))
+            model = build_model(saved, tensors, env=venv, hyperparams=ppo_kw, tensorboard_log=str(run_dir / "tb"))
     else:
         venv = VecNormalize(venv, gamma=gamma, **norm_kw)
         pk = dict(hp.get("policy_kwargs") or {})
@@ -393,13 +409,15 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     def evaluate(m: Any) -> dict:
         return run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
 
+    def save(stem: str) -> None:
+        save_agent(run_dir / stem, model, venv, {"scenario": cfg.scenario, "env_kwargs": env_kwargs,
+                                                 "overrides": env_kwargs.get("overrides", {})})
+
     summaries = SummaryScalarsCallback(bc)
-    callbacks: list[Any] = [summaries, CheckpointCallback(max(1, cfg.checkpoint_every // n_envs),
-                                                          str(run_dir / "checkpoints"), name_prefix="model",
-                                                          save_vecnormalize=True)]
+    callbacks: list[Any] = [summaries, Checkpoints(cfg.checkpoint_every, save)]
     score = None
     if cfg.score_every:
-        score = BaselineScoreCallback(evaluate, baselines, cfg.score_every, save_dir=run_dir, vecnorm=venv)
+        score = BaselineScoreCallback(evaluate, baselines, cfg.score_every, save=save)
         callbacks.append(score)
     limit = None
     if cfg.max_minutes is not None:
@@ -416,11 +434,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=not cfg.resume,
                     tb_log_name="ppo")
     learn_s = time.perf_counter() - t_learn
-    model.save(str(run_dir / "model.zip"))
-    venv.save(str(run_dir / "vecnormalize.pkl"))
-    if not (run_dir / "best_model.zip").exists():
-        model.save(str(run_dir / "best_model.zip"))
-        venv.save(str(run_dir / "best_vecnormalize.pkl"))
+    save("model")
+    if not (run_dir / "best_model.json").exists():
+        save("best_model")
     final = evaluate(model) if cfg.score_every else {}
     venv.close()
     val_env.close()

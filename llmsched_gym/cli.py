@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--policy", action="append", metavar="NAME[:k=v,...]",
                     help="an extra (parameterised) policy to score (repeatable)")
     sp.add_argument("--agent", action="append", metavar="RUN_DIR", help="a trained agent to score (repeatable)")
-    sp.add_argument("--best", action="store_true", help="agents: use best_model.zip instead of model.zip")
+    sp.add_argument("--best", action="store_true", help="agents: use best_model instead of model")
     sp.add_argument("--quick", action="store_true", help="two tasks, small workloads, two seeds (CI)")
     sp.add_argument("--out", default="runs/benchmark", help="output folder")
     sp.add_argument("--quiet", action="store_true", help="print no progress")

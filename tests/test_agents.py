@@ -142,9 +142,10 @@ def test_benchmark_scores_an_agent_only_on_its_own_scenario(tiny_run, tmp_path):
 def test_tiny_agent_trains_saves_reloads_and_serves_every_request_with_masks(tiny_run):
     run_dir, meta, _ = tiny_run
     assert meta["timesteps"] >= 2048 and meta["episodes"] > 0
-    for f in ("model.zip", "vecnormalize.pkl", "best_model.zip", "best_vecnormalize.pkl", "run.json",
-              "checkpoints/model_1024_steps.zip", "checkpoints/model_vecnormalize_1024_steps.pkl"):
+    for f in ("model.json", "model.safetensors", "best_model.json", "best_model.safetensors", "run.json",
+              "checkpoints/model_1024_steps.json", "checkpoints/model_1024_steps.safetensors"):
         assert (run_dir / f).exists(), f
+    assert not list(run_dir.rglob("*.zip")) and not list(run_dir.rglob("*.pkl"))  # nothing unpickled later
     rec = json.loads((run_dir / "run.json").read_text())
     assert rec["seeds"]["model"] == 0 and rec["seeds"]["validation_workload"] == 99
     agent = load_agent(run_dir)
@@ -198,7 +199,7 @@ def test_tensorboard_has_the_custom_scalars(tiny_run):
 
 def test_resume_continues_from_a_checkpoint(tiny_run):
     run_dir, _, cfg = tiny_run
-    cfg2 = TrainConfig(**{**cfg.__dict__, "name": "tiny-resumed", "resume": str(run_dir / "checkpoints/model_1024_steps.zip"),
+    cfg2 = TrainConfig(**{**cfg.__dict__, "name": "tiny-resumed", "resume": str(run_dir / "checkpoints/model_1024_steps.json"),
                           "timesteps": 1536, "bc_from": None, "score_every": 0})
     meta = train(cfg2)
     assert meta["timesteps"] == 1536
@@ -255,7 +256,7 @@ def test_wall_clock_limit_stops_learning_and_still_saves(tiny_run, tmp_path):
     meta = train(cfg2)
     assert meta["stopped_by_time_limit"] is True
     assert 0 < meta["timesteps"] < 10**6
-    assert (tmp_path / "tiny-limited" / "model.zip").exists()
+    assert (tmp_path / "tiny-limited" / "model.json").exists()
 
 
 @pytest.mark.parametrize("scenario, policy", [("azure-conv", "mcsf"), ("jaillet-low", "fcfs"), ("jaillet-low", "vllm-v1")])

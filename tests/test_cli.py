@@ -57,7 +57,6 @@ def test_version(capsys):
         (["run", "--scenario", "nope"], "scenario: unknown 'nope'"),
         (["run", "--policy", "nope"], "policy: unknown 'nope'"),
         (["run", "--scenario", "jaillet-low", "--set", "workload.prompt.mean=-1"], "workload.prompt.mean"),
-        (["run", "--scenario", "jaillet-low", "--set", "engine.kv_capacity_tokens=50"], "engine.kv_capacity_tokens: 50 is smaller"),
         (["run", "--scenario", "jaillet-low", "--set", "engine.colour=red"], "unknown engine field"),
         (["run", "--scenario", "jaillet-low", "--set", "engine.overflow=explode"], "engine.overflow: expected one of forbid, clear_all"),
         (["run", "--scenario", "jaillet-low", "--set", "policy.bogus=1"], "policy.bogus"),

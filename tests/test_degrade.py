@@ -12,6 +12,7 @@ request that cannot fit even alone is rejected with its reason.
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -54,6 +55,17 @@ def test_oversize_requests_are_rejected_with_the_reason_and_the_rest_served():
     for rid, why in e.reject_reason.items():
         need = int(e.workload.prompt_tokens[rid] + e.workload.output_tokens[rid])
         assert need > 1000 and why.startswith(f"needs {need} tokens of KV")
+
+
+def test_a_tiny_capacity_serves_the_requests_that_fit_and_rejects_the_rest(capsys, tmp_path):
+    from llmsched_gym.cli import main
+
+    out = tmp_path / "s.json"
+    assert main(["run", "--scenario", "jaillet-low", "--set", "engine.kv_capacity_tokens=50", "--set",
+                 "workload.n_requests=100", "--quiet", "--json", str(out)]) == 0
+    s = json.loads(out.read_text())
+    assert s["n_arrived"] == 100 == s["n_rejected"] + s["n_completed"] and s["n_rejected"] > 0 < s["n_completed"]
+    assert not s["non_terminating"]
 
 
 def _engine(draw, bs: int, mode: str) -> Engine:

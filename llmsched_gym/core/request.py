@@ -23,6 +23,9 @@ ONLINE, OFFLINE = 0, 1
 
 Segments = tuple[tuple[int, int], ...]
 
+MAX_SPARSE_CLIENTS = 65_536
+"""Without ``client_weight``, client ids must stay below ``max(MAX_SPARSE_CLIENTS, 2 n)``."""
+
 
 class WorkloadError(ConfigError):
     """A workload field is invalid (the message names the field and the allowed values)."""
@@ -73,6 +76,10 @@ class Workload:
         self.tpot_slo_s = _default(self.tpot_slo_s, n, np.inf, np.float64)
         n_clients = int(self.client.max()) + 1 if n else 1
         if self.client_weight is None:
+            # per-client arrays are indexed by id: a huge id must not allocate them by the gigabyte
+            if n_clients > max(MAX_SPARSE_CLIENTS, 2 * n):
+                raise WorkloadError(f"client: id {n_clients - 1} is too large for {n} requests; number the clients "
+                                    "densely from 0 (the trace loaders do) or give client_weight")
             self.client_weight = np.ones(n_clients)
         self.client_weight = np.asarray(self.client_weight, dtype=np.float64)
         self.validate()

@@ -7,6 +7,16 @@ file, the line and the field, e.g. ``trace.csv:17: output_tokens: expected an in
 Blank lines are skipped. Arrival times are relative to the earliest row; rows out of time order
 are sorted (stably) and ``meta["resorted"]`` is set, because a ``Workload`` is arrival-sorted.
 
+Files are UTF-8 (a leading byte-order mark is accepted; an undecodable byte is an error naming the
+line). Bounds, each an error naming file, line and field: token counts at most ``MAX_TOKENS``
+(2**31 - 1), arrival times at most ``MAX_ARRIVAL_S`` (1e9 s, about 31 years; for timestamps,
+after the earliest row), so that the simulation clock keeps sub-microsecond resolution, and ids
+that fit in 64 bits.
+A column (or JSON key) given twice is an error. Client ids and prefix groups are labels: they
+are numbered densely (0, 1, ... in order of first appearance for prefix groups, in increasing order
+for clients, the original client ids kept in ``meta["client_ids"]``), so memory depends on how
+many distinct ids a trace has, not on their values.
+
 Formats (``FORMATS``):
 
 * ``azure``: ``TIMESTAMP,ContextTokens,GeneratedTokens`` (Splitwise / Azure LLM inference trace
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import json
 import math
 import os
@@ -46,6 +57,11 @@ DEFAULT_FILES = {"azure": "AzureLLMInferenceTrace_conv.csv", "vtc": "vtc_arena_r
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 VTC_HEADER = ("arrival_s", "client", "prompt_tokens", "output_tokens")
 GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "client", "prefix_group", "prefix_tokens")
+MAX_TOKENS = 2**31 - 1
+"""Largest token count a trace may give (far above any context window; sums stay in int64)."""
+MAX_ARRIVAL_S = 1e9
+"""Latest arrival a trace may give, in seconds after its earliest row (float64 keeps the clock at
+sub-microsecond resolution up to there)."""
 
 
 class TraceError(ValueError):
@@ -66,18 +82,24 @@ class _Table:
     def fail(self, row: int, field: str, want: str, raw: object) -> TraceError:
         return TraceError(f"{self.src}:{self.lines[row]}: {field}: expected {want}, got {raw!r}")
 
-    def ints(self, field: str, *, lo: int = 1, on_zero: str = "error") -> np.ndarray:
+    def ints(self, field: str, *, lo: int = 1, hi: int | None = MAX_TOKENS, on_zero: str = "error") -> np.ndarray:
         col = self.columns[field]
         want = f"an integer >= {lo}"
+        too_big = f"an integer <= {hi}" if hi is not None else "an integer that fits in 64 bits"
         try:
             a = np.array([int(v) for v in col], dtype=np.int64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             for i, v in enumerate(col):
                 try:
                     int(v)
                 except (ValueError, TypeError):
                     raise self.fail(i, field, want, v) from None
+                if not -(2**63) <= int(v) < 2**63:
+                    raise self.fail(i, field, too_big, v) from None
             raise
+        big = np.flatnonzero(a > hi) if hi is not None else ()
+        if len(big):
+            raise self.fail(int(big[0]), field, too_big, col[big[0]])
         if len(a) and a.min() < lo:
             zero = a == 0
             if on_zero == "clip" and lo == 1 and zero.any():
@@ -87,6 +109,12 @@ class _Table:
             if len(bad):
                 raise self.fail(int(bad[0]), field, want, col[bad[0]])
         return a
+
+    def labels(self, field: str) -> tuple[np.ndarray, np.ndarray]:
+        """Integer ids (>= 0) numbered densely in increasing order: ``(dense ids, original ids)``."""
+        ids = self.ints(field, lo=0, hi=None)
+        original, dense = np.unique(ids, return_inverse=True)
+        return dense.astype(np.int64), original
 
     def floats(self, field: str) -> np.ndarray:
         col = self.columns[field]
@@ -103,6 +131,9 @@ class _Table:
         bad = np.flatnonzero(~np.isfinite(a) | (a < 0))
         if len(bad):
             raise self.fail(int(bad[0]), field, want, col[bad[0]])
+        late = np.flatnonzero(a > MAX_ARRIVAL_S)
+        if len(late):
+            raise self.fail(int(late[0]), field, f"a number <= {MAX_ARRIVAL_S:g} (seconds)", col[late[0]])
         return a
 
     def timestamps(self, field: str) -> np.ndarray:
@@ -122,25 +153,48 @@ class _Table:
         bad = np.flatnonzero(np.isnat(a))
         if len(bad):
             raise self.fail(int(bad[0]), field, want, col[bad[0]])
-        return (a - a.min()).astype(np.int64) / 1e9
+        # nanoseconds in int64 end in 2262 and NumPy wraps silently: compare with a coarse parse
+        wrapped = np.flatnonzero(a.astype("datetime64[s]") != np.array(col, dtype="datetime64[s]"))
+        if len(wrapped):
+            raise self.fail(int(wrapped[0]), field, "a timestamp between the years 1678 and 2261",
+                            col[wrapped[0]])
+        rel = (a - a.min()).astype(np.int64) / 1e9
+        late = np.flatnonzero(rel > MAX_ARRIVAL_S)
+        if len(late):
+            raise self.fail(int(late[0]), field, f"a time at most {MAX_ARRIVAL_S:g} s after the earliest row",
+                            col[late[0]])
+        return rel
+
+
+def _read_text(path: Path) -> str:
+    """The file as text: UTF-8, a leading byte-order mark dropped; an undecodable byte is a
+    :class:`TraceError` naming the line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise TraceError(f"{path.name}:{line}: file: expected UTF-8 text, got byte 0x{data[e.start]:02x}") from None
 
 
 def _read_csv(path: Path, expected: Sequence[str] | None = None) -> tuple[list[str], _Table]:
     """Header and string columns of a CSV file; every row must have the header's width."""
     src = path.name
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise TraceError(f"{src}:1: header: expected {','.join(expected or GENERIC_COLUMNS[:3])}, got an empty file")
-        header = [h.strip() for h in header]
-        if expected is not None and tuple(header) != tuple(expected):
-            raise TraceError(f"{src}:1: header: expected {','.join(expected)}, got {','.join(header)!r}")
-        rows, lines = [], []
-        for row in reader:
-            if row:
-                rows.append(row)
-                lines.append(reader.line_num)
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    header = next(reader, None)
+    if header is None:
+        raise TraceError(f"{src}:1: header: expected {','.join(expected or GENERIC_COLUMNS[:3])}, got an empty file")
+    header = [h.strip() for h in header]
+    twice = next((h for i, h in enumerate(header) if h in header[:i]), None)
+    if twice is not None:
+        raise TraceError(f"{src}:1: header: column {twice!r} appears twice")
+    if expected is not None and tuple(header) != tuple(expected):
+        raise TraceError(f"{src}:1: header: expected {','.join(expected)}, got {','.join(header)!r}")
+    rows, lines = [], []
+    for row in reader:
+        if row:
+            rows.append(row)
+            lines.append(reader.line_num)
     width = len(header)
     for i, row in enumerate(rows):
         if len(row) != width:
@@ -182,9 +236,12 @@ def load_vtc(path: str | os.PathLike, *, on_zero: str = "error") -> Workload:
     """Sheng et al. 2024's arena trace (``arrival_s,client,prompt_tokens,output_tokens``; 27 clients)."""
     path = Path(path)
     _, t = _read_csv(path, VTC_HEADER)
-    return _finish(t, t.floats("arrival_s"), "vtc", path, client=t.ints("client", lo=0),
-                   prompt_tokens=t.ints("prompt_tokens", on_zero=on_zero),
-                   output_tokens=t.ints("output_tokens", on_zero=on_zero))
+    client, ids = t.labels("client")
+    wl = _finish(t, t.floats("arrival_s"), "vtc", path, client=client,
+                 prompt_tokens=t.ints("prompt_tokens", on_zero=on_zero),
+                 output_tokens=t.ints("output_tokens", on_zero=on_zero))
+    wl.meta["client_ids"] = ids.tolist()
+    return wl
 
 
 def _generic(t: _Table, fmt: str, path: Path, on_zero: str, first_segment_id: int) -> Workload:
@@ -194,9 +251,10 @@ def _generic(t: _Table, fmt: str, path: Path, on_zero: str, first_segment_id: in
     n = len(t.lines)
     prompt = t.ints("prompt_tokens", on_zero=on_zero)
     fields: dict = {"prompt_tokens": prompt, "output_tokens": t.ints("output_tokens", on_zero=on_zero)}
+    client_ids = None
     if "client" in t.columns:
         t.columns["client"] = [v if v != "" else "0" for v in t.columns["client"]]
-        fields["client"] = t.ints("client", lo=0)
+        fields["client"], client_ids = t.labels("client")
     if "prefix_tokens" in t.columns and "prefix_group" not in t.columns:
         raise TraceError(f"{t.src}:1: prefix_tokens: needs a prefix_group column")
     if "prefix_group" in t.columns:
@@ -224,7 +282,10 @@ def _generic(t: _Table, fmt: str, path: Path, on_zero: str, first_segment_id: in
                     raise t.fail(i, "prefix_tokens", f"an integer in 0..prompt_tokens ({prompt[i]})", k)
             prefix.append(((ids[g], size),) if size else None)
         fields["prefix"] = prefix
-    return _finish(t, t.floats("arrival_s"), fmt, path, **fields)
+    wl = _finish(t, t.floats("arrival_s"), fmt, path, **fields)
+    if client_ids is not None:
+        wl.meta["client_ids"] = client_ids.tolist()
+    return wl
 
 
 def load_csv(path: str | os.PathLike, *, on_zero: str = "error", first_segment_id: int = 0) -> Workload:
@@ -237,32 +298,47 @@ def load_csv(path: str | os.PathLike, *, on_zero: str = "error", first_segment_i
     return _generic(t, "csv", path, on_zero, first_segment_id)
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``json.loads`` hook: a key given twice is an error (the JSON default keeps the last)."""
+    out: dict[str, object] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def load_jsonl(path: str | os.PathLike, *, on_zero: str = "error", first_segment_id: int = 0) -> Workload:
     """Generic JSON Lines: one object per line with the keys of :func:`load_csv`'s columns."""
     path = Path(path)
     src = path.name
     lines: list[int] = []
     columns: dict[str, list[str]] = {name: [] for name in GENERIC_COLUMNS}
-    with open(path, encoding="utf-8") as f:
-        for lineno, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got {text.strip()[:40]!r}")
-            for key in obj:
-                if key not in columns:
-                    raise TraceError(f"{src}:{lineno}: {key}: unknown key (allowed: {', '.join(GENERIC_COLUMNS)})")
-            for key in GENERIC_COLUMNS[:3]:
-                if key not in obj:
-                    raise TraceError(f"{src}:{lineno}: {key}: required key is missing")
-            lines.append(lineno)
-            for key, col in columns.items():
-                v = obj.get(key, "")
-                col.append(v if isinstance(v, str) else json.dumps(v))
+    for lineno, text in enumerate(_read_text(path).split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got invalid JSON ({e.msg})") from None
+        except _DuplicateKey as e:
+            raise TraceError(f"{src}:{lineno}: {e.args[0]}: key appears twice") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got {text.strip()[:40]!r}")
+        for key in obj:
+            if key not in columns:
+                raise TraceError(f"{src}:{lineno}: {key}: unknown key (allowed: {', '.join(GENERIC_COLUMNS)})")
+        for key in GENERIC_COLUMNS[:3]:
+            if key not in obj:
+                raise TraceError(f"{src}:{lineno}: {key}: required key is missing")
+        lines.append(lineno)
+        for key, col in columns.items():
+            v = obj.get(key, "")
+            col.append(v if isinstance(v, str) else json.dumps(v))
     if not lines:
         raise TraceError(f"{src}:1: row: expected at least one JSON object, got none")
     used: dict[str, Sequence[str]] = {k: v for k, v in columns.items() if k in GENERIC_COLUMNS[:3] or any(x != "" for x in v)}
@@ -283,11 +359,10 @@ def load_sharegpt(path: str | os.PathLike, arrivals: Callable[[int], np.ndarray]
     """
     path = Path(path)
     src = path.name
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{src}:{e.lineno}: file: expected JSON, got invalid JSON ({e.msg})") from None
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{src}:{e.lineno}: file: expected JSON, got invalid JSON ({e.msg})") from None
     if not isinstance(data, list):
         raise TraceError(f"{src}:1: file: expected a JSON list of conversations, got {type(data).__name__}")
     prompts, outputs, entries, skipped = [], [], [], 0
