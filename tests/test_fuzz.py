@@ -2,7 +2,7 @@
 
 ``test_random_configurations_keep_the_contracts`` draws a scenario, a registered policy, a seed and
 overrides (50-500 requests, KV capacity, block size, overflow handler, preemption mode, batch-time
-noise, horizon) and checks on every run:
+noise, horizon, whether prefill emits a token, prefix caching) and checks on every run:
 
 * the outcome is a summary, or the project's one-line error (a ``ValueError`` such as a policy that
   does not apply to the scenario), never a PlanError and never another exception;
@@ -61,11 +61,19 @@ def configurations(draw: st.DrawFn) -> tuple[str, str, int, dict]:
         over["engine.latency_noise_cv"] = draw(st.sampled_from([0.05, 0.3, 1.0]))
     if draw(st.booleans()):
         over["engine.horizon_s"] = draw(st.floats(0.5, 120.0))
+    if draw(st.booleans()):
+        over["engine.prefill_emits_token"] = draw(st.booleans())
+    if draw(st.booleans()):
+        over["engine.prefix_cache"] = draw(st.booleans())
     return scenario, draw(st.sampled_from(available())), draw(st.integers(0, 2**31 - 1)), over
 
 
 def check_configuration(scenario: str, policy: str, seed: int, over: dict) -> str:
-    """Run one configuration and assert the contracts; returns ``"ok"`` or ``"error: MESSAGE"``."""
+    """Run one configuration and assert the contracts; returns ``"ok"`` or ``"error: MESSAGE"``.
+
+    The loop detector is set to 3,000 iterations without a completion (a policy that over-admits
+    under ``clear_all`` thrashes until it fires; the default would take minutes to get there)."""
+    over = {"engine.stall_iterations": 3000, **over}
     try:
         r = simulate(scenario, policy, seed, over)
     except PlanError:
@@ -96,16 +104,19 @@ def test_random_configurations_keep_the_contracts(config):
     check_configuration(*config)
 
 
-# --- the configurations the issue reported (they aborted with PlanError) ---------------------------
+# --- configurations that failed: reported in the issue (PlanError) or found by the fuzzer --------
 @pytest.mark.parametrize("scenario, policy, seed, over", [
     ("jaillet-noisy", "vtc-oracle", 23526, {"workload.n_requests": 236, "engine.kv_capacity_tokens": 8246,
                                             "engine.overflow": "forbid"}),
     ("azure-conv", "echo-bs-e", 692495, {"workload.n_requests": 121, "engine.kv_capacity_tokens": 5939,
                                          "engine.block_size": 32, "engine.preempt_mode": "swap"}),
     ("jaillet-low", "fcfs", 0, {"workload.n_requests": 0}),
+    ("klpm-toy", "fcfs", 31, {"engine.block_size": 16, "engine.overflow": "swap"}),  # divided by 0 blocks
 ])
 def test_reported_configurations_keep_the_contracts(scenario, policy, seed, over):
-    assert check_configuration(scenario, policy, seed, over) == "ok"
+    outcome = check_configuration(scenario, policy, seed, over)
+    assert outcome == ("error: engine.kv_capacity_tokens: 11 is less than one block (engine.block_size 16)"
+                       if scenario == "klpm-toy" else "ok")
 
 
 # --- malformed traces: exact one-line messages ----------------------------------------------------

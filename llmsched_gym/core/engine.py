@@ -106,6 +106,9 @@ class EngineConfig:
         store it in its canonical type; raises ConfigError naming ``engine.FIELD``."""
         for key, value in check_engine(asdict(self)).items():
             setattr(self, key, value)
+        if self.kv_capacity_tokens < self.block_size:  # no block at all: nothing could ever run
+            raise ConfigError(f"engine.kv_capacity_tokens: {self.kv_capacity_tokens} is less than one block "
+                              f"(engine.block_size {self.block_size})")
 
     @classmethod
     def field_names(cls) -> list[str]:
