@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from baselines import available
+from llmsched_gym.config import OVERFLOW_HANDLERS, PREEMPT_MODES
 from llmsched_gym.core import traces as T
-from llmsched_gym.core.engine import OVERFLOW_HANDLERS, PREEMPT_MODES
 from llmsched_gym.core.scheduler import PlanError
 from llmsched_gym.core.traces import TraceError
 from llmsched_gym.sim import simulate
