@@ -13,6 +13,10 @@ Sections (``--only``, repeatable; the default runs engine and env):
   peak RSS of the whole ``llmsched run`` process and its bytes per request (``--quick``: 100k).
 * ``env``: env steps/s of the default action mode with random masked actions on jaillet-high and
   azure-conv.
+* ``sweep``: the wall time of one ``llmsched compare`` sweep (:data:`SWEEP`, 20 cells) run
+  serially, with ``--jobs 2`` and, when the ray extra is installed, on a local Ray instance with 2
+  CPUs, the records checked equal; the speed-ups over the serial run and the load average (other
+  processes sharing the cores make the speed-up smaller).
 
 Each case runs in a fresh process, one core each; take the minimum over repeated runs on a
 shared machine.
@@ -124,6 +128,49 @@ def bench_import() -> dict[str, Any]:
     return {"import_s": float(out[0]), "heavy_modules_imported": bool(int(out[1]))}
 
 
+SWEEP = {"scenario": "jaillet-low", "policies": ["sjf", "mcsf", "semi-online", "vllm-v1"], "seeds": [0, 1, 2, 3, 4]}
+"""The sweep section's compare: 4 policies x 5 seeds, one cell each."""
+
+
+def bench_sweep(jobs: int = 2, repeats: int = 3) -> dict[str, Any]:
+    """Serial, ``jobs`` local processes and Ray (if installed): the minimum wall time of each over
+    ``repeats`` interleaved rounds, and the speed-ups; the records are checked equal."""
+    from agents.report import run_baselines
+    from llmsched_gym.parallel import Settings
+
+    def sweep(settings: Settings) -> tuple[float, list]:
+        t0 = time.perf_counter()
+        records, _ = run_baselines(SWEEP["scenario"], SWEEP["policies"], SWEEP["seeds"], [1.0], settings=settings)
+        return time.perf_counter() - t0, [(r.policy, r.seed, r.metrics()) for r in records]
+
+    variants = {"serial": Settings(jobs=1), f"jobs={jobs}": Settings(jobs=jobs)}
+    ray = None
+    try:
+        import ray
+    except ImportError:
+        pass
+    else:
+        ray.init(num_cpus=jobs, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        variants[f"ray ({jobs} CPUs)"] = Settings(backend="ray")
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    reference = None
+    try:
+        for _ in range(repeats):
+            for name, settings in variants.items():
+                wall, records = sweep(settings)
+                times[name].append(wall)
+                reference = reference or records
+                if records != reference:
+                    raise RuntimeError(f"sweep: {name} gave other records than the serial run")
+    finally:
+        if ray is not None:
+            ray.shutdown()
+    best = {k: min(v) for k, v in times.items()}
+    return {"cells": len(SWEEP["policies"]) * len(SWEEP["seeds"]), "min_wall_s": best, "all_wall_s": times,
+            "speedup": {k: best["serial"] / v for k, v in best.items() if k != "serial"},
+            "loadavg_1min": os.getloadavg()[0]}
+
+
 ENV_SCENARIOS = ("jaillet-high", "azure-conv")
 """Scenarios of the env section (1,000-request episodes each)."""
 
@@ -182,4 +229,15 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
             for k in keys:
                 t.add_row(k, *(f"{r[k]:,.3f}" if isinstance(r[k], float) else str(r[k]) for r in runs.values()))
             con.print(t)
+    if "sweep" in sections:
+        sw = bench_sweep(repeats=1 if quick else 3)
+        report["sweep"] = sw
+        t = Table(title=f"sweep: compare on {SWEEP['scenario']}, {sw['cells']} cells (min over rounds; load "
+                        f"average {sw['loadavg_1min']:.1f} on {os.cpu_count()} cores)")
+        t.add_column("run")
+        t.add_column("wall (s)", justify="right")
+        t.add_column("speed-up", justify="right")
+        for k, v in sw["min_wall_s"].items():
+            t.add_row(k, f"{v:.2f}", f"{sw['speedup'].get(k, 1.0):.2f}x")
+        con.print(t)
     return report
