@@ -39,7 +39,7 @@ SCENARIOS = {  # scenario -> overrides that keep a run small whatever is drawn
     "wait-high": {}, "nested-synth4": {}, "klpm-toy": {},
     "echo-hybrid": {"workload.classes.offline.n_requests": 100},
 }
-EXAMPLES = int(os.environ.get("LLMSCHED_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("LLMSCHED_FUZZ_EXAMPLES", "40"))
 
 
 @st.composite
