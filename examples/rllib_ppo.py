@@ -19,7 +19,7 @@ import sys
 import ray
 
 from agents.rllib import RLlibConfig, train_rllib
-from llmsched_gym.core.scenarios import parse_value
+from llmsched_gym.config import ConfigError, parse_sets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default=None, help="Ray cluster (auto: `ray start --head`); default: a local one")
     p.add_argument("--quick", action="store_true", help="CI size: 2 iterations of 256 steps, 30-request episodes")
     args = p.parse_args(argv)
-    bad = [s for s in args.set or [] if "=" not in s]
-    if bad:
-        p.error(f"--set {bad[0]}: expected key=value")
-    overrides = {k.strip(): parse_value(v) for k, v in (s.split("=", 1) for s in args.set or [])}
+    try:
+        overrides = parse_sets(args.set)
+    except ConfigError as e:
+        p.error(str(e))
     cfg = RLlibConfig(scenario=args.scenario, name=args.name, out=args.out, iterations=args.iterations,
                       env_runners=args.env_runners, train_batch=args.train_batch, minibatch=args.minibatch,
                       epochs=args.epochs, seed=args.seed, overrides=overrides)
