@@ -11,6 +11,8 @@ Conventions:
   the paper's ``w_p = 1, w_q = 2``.
 * SLO attainment (Wang et al. 2025): the fraction of completed requests with SLOs whose TTFT and mean
   TPOT are within them; ``goodput`` counts those per second.
+* ``summary["serving"]`` repeats the latency and throughput figures under the names and units
+  ``vllm bench serve`` uses (:func:`serving_metrics`), so that they read like a real benchmark.
 """
 
 from __future__ import annotations
@@ -33,6 +35,77 @@ def _stats(x: np.ndarray) -> dict[str, float]:
         return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan, "max": math.nan}
     p50, p90, p99 = np.percentile(x, [50, 90, 99])
     return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(x.max())}
+
+
+SERVING_LATENCIES = ("ttft", "tpot", "itl", "e2el")
+"""``vllm bench serve``'s latency metrics: time to first token, time per output token (after the
+first), inter-token latency, end-to-end latency; each reported in ms as mean, median, std, P90, P99."""
+
+
+def _ms_stats(name: str, seconds: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+    """Mean, median, std, P90 and P99 of ``seconds`` in ms (NumPy's linear percentiles, as vLLM);
+    with ``weights``, each value counts that many times (the lower weighted percentile)."""
+    keys = [f"{k}_{name}_ms" for k in ("mean", "median", "std", "p90", "p99")]
+    x = 1e3 * np.asarray(seconds, dtype=np.float64)
+    w = np.ones(len(x)) if weights is None else np.asarray(weights, dtype=np.float64)
+    keep = np.isfinite(x) & (w > 0)
+    x, w = x[keep], w[keep]
+    if not len(x):
+        return dict.fromkeys(keys, math.nan)
+    mean = float(np.average(x, weights=w))
+    std = float(np.sqrt(np.average((x - mean) ** 2, weights=w)))
+    if weights is None:
+        pct = np.percentile(x, [50, 90, 99])
+    else:
+        order = np.argsort(x, kind="stable")
+        cum = np.cumsum(w[order])
+        pct = x[order][np.minimum(np.searchsorted(cum, np.array([0.5, 0.9, 0.99]) * cum[-1]), len(x) - 1)]
+    return dict(zip(keys, (mean, float(pct[0]), std, float(pct[1]), float(pct[2])), strict=True))
+
+
+def serving_metrics(engine: Engine, span: float, n_good: int | None = None) -> dict[str, float]:
+    """The run's figures as ``vllm bench serve`` names them (its result JSON's keys).
+
+    ``completed``, ``duration`` (s), ``total_input_tokens`` and ``total_output_tokens`` of the
+    completed requests, ``request_throughput`` (req/s), ``output_throughput`` and
+    ``total_token_throughput`` (tok/s), ``request_goodput`` (req/s meeting their SLOs, only when
+    the workload has SLOs), and ``{mean,median,std,p90,p99}_{ttft,tpot,itl,e2el}_ms``.
+
+    TTFT, TPOT and E2EL are per completed request (TPOT over requests with more than one output
+    token), as vLLM computes them. ITL is per output token after the first: the mean is exact
+    (decode time over decoded gaps); its spread is the iteration durations weighted by the
+    requests that decoded in them, which are the token gaps except where a request was paused or
+    preempted between two of its tokens (that wait shows in TPOT and E2EL instead).
+    """
+    wl = engine.workload
+    done = engine.state == 3
+    arr, out = wl.arrival_s, wl.output_tokens
+    e2el = (engine.completion_s - arr)[done]
+    ttft = (engine.first_token_s - arr)[done]
+    multi = done & (out > 1)
+    decode_s = (engine.completion_s - engine.first_token_s)[multi]
+    gaps = (out - 1)[multi]
+    tpot = decode_s / gaps
+    r: dict[str, float] = {
+        "completed": int(done.sum()),
+        "duration": float(span),
+        "total_input_tokens": int(wl.prompt_tokens[done].sum()),
+        "total_output_tokens": int(out[done].sum()),
+    }
+    r["request_throughput"] = r["completed"] / span
+    r["output_throughput"] = r["total_output_tokens"] / span
+    r["total_token_throughput"] = (r["total_input_tokens"] + r["total_output_tokens"]) / span
+    if n_good is not None:
+        r["request_goodput"] = n_good / span
+    log = engine.log.columns()
+    itl = _ms_stats("itl", log["duration"], log["n_decode"])
+    if gaps.sum():
+        itl["mean_itl_ms"] = float(1e3 * decode_s.sum() / gaps.sum())
+    r.update(_ms_stats("ttft", ttft))
+    r.update(_ms_stats("tpot", tpot))
+    r.update(itl)
+    r.update(_ms_stats("e2el", e2el))
+    return r
 
 
 def request_table(engine: Engine) -> dict[str, np.ndarray]:
@@ -145,6 +218,7 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         "prefill_tokens": int(engine.total_prefill_tokens),
         "non_terminating": bool(engine.non_terminating),
         "stop_reason": engine.stop_reason,
+        "serving": serving_metrics(engine, span),
     }
     if wl.has_slo:
         has = done & (np.isfinite(wl.ttft_slo_s) | np.isfinite(wl.tpot_slo_s))
@@ -156,6 +230,7 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         n_ok = int(np.count_nonzero(has & ok))
         s["slo_attainment"] = float(n_ok / n_slo) if n_slo else math.nan
         s["goodput_requests_per_s"] = float(n_ok / span)
+        s["serving"]["request_goodput"] = float(n_ok / span)
         by_class = {}
         for cls, name in ((0, "online"), (1, "offline")):
             m = (wl.task_class == cls) & (state != 0)
