@@ -5,8 +5,8 @@ Two kinds of measurement are scored:
 * **Operator profiles** (Vidur's ``mlp.csv``, see :mod:`llmsched_gym.core.profile`): the
   measured linear part of an iteration for 1 to several thousand tokens. A model's linear part is
   its time for ``n`` decode requests at context 0, ``batch_time(0, 0, 0, n, 0)`` (attention over
-  an empty context is negligible), or ``linear_time(n)`` for the profile model, which adds a
-  modelled all-reduce the per-GPU profile does not contain. Each model is scored against the
+  an empty context is negligible), or ``linear_time(n)`` for the profile model and the
+  ``calibrated:`` presets, which add a modelled all-reduce the per-GPU profile does not contain. Each model is scored against the
   profiles of its own model, GPU and tensor-parallel degree; a model given with ``--latency``
   against every profile. The profile model built from the scored profile is scored twice: at
   the measured points (its non-decreasing fit of them) and leave-one-out (each point predicted
@@ -33,9 +33,10 @@ from llmsched_gym.core.latency import (
     CALIBRATED_PRESETS,
     PROFILE_COLUMNS,
     ROOFLINE_PRESETS,
+    CalibratedLatency,
     LatencyModel,
     RooflineLatency,
-    calibrated_roofline,
+    SummedLatency,
     list_latency_presets,
     make_latency,
 )
@@ -109,7 +110,7 @@ def matching_models(spec: str, prof: LinearProfile) -> dict[str, LatencyModel]:
             RooflineLatency(prof.model, gpu)
     for name, p in CALIBRATED_PRESETS.items():
         if same(p.model, p.gpu):
-            models[name] = calibrated_roofline(name)
+            models[name] = CalibratedLatency(name)
     fit = fit_roofline(prof)
     models[FITTED] = RooflineLatency(prof.model, gpu, fit.mfu, fit.mbu, fit.overhead_s)
     for name, (m, g) in BUILTIN_PAIRS.items():
@@ -120,7 +121,7 @@ def matching_models(spec: str, prof: LinearProfile) -> dict[str, LatencyModel]:
 
 def linear_part(model: LatencyModel, tokens: np.ndarray) -> np.ndarray:
     """A model's time for ``n`` tokens at context 0 (see the module docstring)."""
-    if isinstance(model, ProfileLatency):
+    if isinstance(model, SummedLatency):
         return np.array([model.linear_time(float(n)) for n in tokens])
     return np.array([model.batch_time(0, 0, 0, int(n), 0) for n in tokens])
 

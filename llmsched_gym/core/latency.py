@@ -25,7 +25,7 @@ Models (``make_latency`` spec in brackets; each instance's ``name`` is a spec th
 ``piecewise``          ``c + a * max(0, tokens - b0)`` (Li et al. 2025, cited by Ao et al. 2025)
 ``affine``             separate prefill and decode fits (Sheng et al. 2024's A10G profile)
 ``roofline:M/G``       max(compute, memory) + overhead from model and GPU specs
-``calibrated:M/G``     the roofline with mfu, mbu, overhead fitted to Vidur's measurements
+``calibrated:M/G``     ``vidur:G/M``'s form, linear part = the roofline fitted to it
 ``vidur:G/M``          measured linear part + modelled attention (:mod:`.profile`)
 ``profile:PATH``       the same from a Vidur-format ``mlp.csv``
 ``table:PATH``         interpolation in a measured profile (the GPU backend's CSV)
@@ -299,6 +299,77 @@ class RooflineLatency(LatencyModel):
         return np.where(compute > memory, compute, memory) + self.overhead_s
 
 
+ALLREDUCE_LATENCY_S = 10e-6
+"""Fixed cost of one NCCL all-reduce (ours; small-message latency on NVLink is 5-15 us)."""
+
+
+class SummedLatency(LatencyModel):
+    """One iteration as its kernels run, one after another (as Vidur sums its operators):
+
+        linear(prefill_tokens + n_decode)            projections, MLP, norms (:meth:`linear_time`)
+      + max(attention FLOPs / (peak x mfu),          prefill pairs and decode context, counted as
+            KV bytes / (HBM x mbu))                  :class:`RooflineLatency` counts them
+      + 2 x layers x all-reduce(tokens x hidden)     tensor parallel only (NVLink ring)
+      + overhead_s
+
+    Subclasses give the linear part: :class:`~llmsched_gym.core.profile.ProfileLatency`
+    (measured, ``vidur:GPU/MODEL``) and :class:`CalibratedLatency` (the roofline fitted to the
+    same measurements, ``calibrated:MODEL/GPU``). ``decode_times`` equals ``batch_time`` bit
+    for bit: the linear part and the all-reduce depend on ``n_decode`` only, so both paths
+    compute them with the same scalar code, and the attention with the same operations.
+
+    :param model: the model.
+    :param gpu: the tensor-parallel group (``count`` GPUs sharing every operator).
+    :param mfu: attention's fraction of peak FLOP/s.
+    :param mbu: the KV read/write's fraction of HBM bandwidth.
+    :param overhead_s: seconds added per iteration.
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, mfu: float, mbu: float, overhead_s: float) -> None:
+        self.mfu, self.mbu, self.overhead_s = float(mfu), float(mbu), float(overhead_s)
+        if not (0.0 < self.mfu <= 1.0 and 0.0 < self.mbu <= 1.0 and self.overhead_s >= 0.0):
+            raise ValueError(f"latency: {type(self).__name__} needs 0 < mfu, mbu <= 1 and overhead_s >= 0, got "
+                             f"mfu={self.mfu}, mbu={self.mbu}, overhead_s={self.overhead_s}")
+        m, k = model, gpu.count
+        self._s_per_pair = 4.0 * m.layers * m.heads * m.head_dim / (gpu.peak_flops * self.mfu)
+        self._s_per_kv = m.kv_bytes_per_token / (gpu.hbm_bytes_s * self.mbu)
+        # Megatron tensor parallelism: two all-reduces of tokens x hidden activations per layer;
+        # a ring moves 2 (k - 1) / k of the bytes over each GPU's link.
+        if k > 1:
+            link = (gpu.nvlink_gb_s or gpu.pcie_gb_s) * 1e9
+            self._s_comm_fixed = 2.0 * m.layers * ALLREDUCE_LATENCY_S
+            self._s_comm_per_token = 2.0 * m.layers * 2.0 * (k - 1) / k * m.hidden * m.dtype_bytes / link
+        else:
+            self._s_comm_fixed = self._s_comm_per_token = 0.0
+
+    def linear_time(self, tokens: float) -> float:
+        """The linear part for ``tokens`` tokens computed in the iteration (seconds)."""
+        raise NotImplementedError
+
+    def batch_time(
+        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
+    ) -> float:
+        tokens = prefill_tokens + n_decode
+        pairs: float = decode_ctx_tokens + n_decode
+        if n_prefill > 0:
+            pairs += (
+                prefill_tokens * prefill_ctx_tokens - 0.5 * prefill_tokens * prefill_tokens
+            ) / n_prefill + 0.5 * prefill_tokens
+        compute = self._s_per_pair * pairs
+        memory = self._s_per_kv * (prefill_ctx_tokens + decode_ctx_tokens + tokens)
+        attn = compute if compute > memory else memory
+        comm = self._s_comm_fixed + self._s_comm_per_token * tokens
+        return self.linear_time(tokens) + attn + comm + self.overhead_s
+
+    def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
+        ctx = np.asarray(decode_ctx_tokens, dtype=np.float64)
+        compute = self._s_per_pair * (ctx + n_decode)
+        memory = self._s_per_kv * (ctx + n_decode)
+        attn = np.where(compute > memory, compute, memory)
+        comm = self._s_comm_fixed + self._s_comm_per_token * n_decode
+        return self.linear_time(n_decode) + attn + comm + self.overhead_s
+
+
 ROOFLINE_PRESETS: dict[str, tuple[str, str]] = {
     "roofline:llama-2-7b/a100": ("Llama-2-7B", "A100-80GB"),
     "roofline:llama-2-13b/a100": ("Llama-2-13B", "A100-80GB"),
@@ -315,13 +386,18 @@ ROOFLINE_PRESETS: dict[str, tuple[str, str]] = {
 
 @dataclass(frozen=True)
 class CalibratedPreset:
-    """Roofline efficiencies fitted to a measured profile (:func:`llmsched_gym.core.profile.fit_roofline`).
+    """A ``calibrated:MODEL/GPU`` preset: efficiencies fitted to a measured Vidur profile.
 
     :param model: model name.
     :param gpu: GPU name (a multi-GPU name is the tensor-parallel group).
     :param profile: the Vidur profile fitted (``vidur:GPU/MODEL``) at tensor-parallel degree ``tp``.
+    :param mfu: fraction of peak FLOP/s, ``mbu`` of HBM bandwidth and ``overhead_s`` fixed seconds
+        of the roofline fitted to the profile's linear part
+        (:func:`llmsched_gym.core.profile.fit_roofline`); ``mfu`` is also attention's.
+    :param stream_mbu: the profile's ``stream_mbu`` (:class:`~llmsched_gym.core.profile.LinearProfile`):
+        the KV read/write's fraction of HBM bandwidth, as in the profile model.
     :param mape: mean absolute percentage error of the fitted linear part over the profile's
-        1 to 4,096 tokens (a fraction); ``worst`` the largest, at ``worst_tokens`` tokens.
+        1 to 8,192 tokens (a fraction); ``worst`` the largest, at ``worst_tokens`` tokens.
     :param note: where the efficiencies come from when not from this pair's own profile.
     """
 
@@ -332,6 +408,7 @@ class CalibratedPreset:
     mfu: float
     mbu: float
     overhead_s: float
+    stream_mbu: float
     mape: float
     worst: float
     worst_tokens: int
@@ -340,58 +417,81 @@ class CalibratedPreset:
     def describe(self) -> str:
         fit = (f"MAPE {self.mape:.1%}, worst {self.worst:.0%} at {self.worst_tokens} tokens against {self.profile}"
                + (f" TP {self.tp}" if self.tp > 1 else ""))
-        return (f"roofline, {self.model} on {self.gpu}, calibrated (mfu {self.mfu:.3f}, mbu {self.mbu:.2f}, "
-                f"{self.overhead_s * 1e3:.2f} ms overhead; " + (f"{self.note}; on that profile: " if self.note else "")
-                + fit + ")")
+        return (f"{self.model} on {self.gpu}: the profile model with a fitted linear part (roofline, mfu "
+                f"{self.mfu:.3f}, mbu {self.mbu:.2f}, {self.overhead_s * 1e3:.2f} ms) + attention (KV at mbu "
+                f"{self.stream_mbu:.2f})" + (" + all-reduce" if self.tp > 1 else "") + "; "
+                + (f"{self.note}; on that profile: " if self.note else "linear part: ") + fit)
 
 
 CALIBRATED_PRESETS: dict[str, CalibratedPreset] = {
-    # fit_roofline on Vidur's profiles (microsoft/vidur 7d47513, data/profiling/compute); a test
-    # re-fits them when ../shared/profiles is present. mbu ends at its bound 1: the decode floor
-    # cannot tell bandwidth from fixed cost, and the fit puts the rest of it in overhead_s.
+    # fit_roofline and stream_mbu of Vidur's profiles (microsoft/vidur 7d47513,
+    # data/profiling/compute); a test re-derives them when ../shared/profiles is present. mbu ends
+    # at its bound 1: the decode floor cannot tell bandwidth from fixed cost, and the fit puts the
+    # rest of it in overhead_s.
     "calibrated:llama-2-7b/a100": CalibratedPreset(
-        "Llama-2-7B", "A100-80GB", "vidur:a100/llama-2-7b", 1, 0.6780, 1.0, 3.0764e-3, 0.0386, 0.333, 136),
+        "Llama-2-7B", "A100-80GB", "vidur:a100/llama-2-7b", 1, 0.6780, 1.0, 3.0764e-3, 0.7463, 0.0386, 0.333, 136),
     "calibrated:llama-2-70b/2xa100": CalibratedPreset(
-        "Llama-2-70B", "A100x2", "vidur:a100/llama-2-70b", 2, 0.7148, 1.0, 2.3574e-2, 0.0386, 0.274, 1),
+        "Llama-2-70B", "A100x2", "vidur:a100/llama-2-70b", 2, 0.7148, 1.0, 2.3574e-2, 0.7933, 0.0386, 0.274, 1),
     "calibrated:llama-3-8b/a100": CalibratedPreset(
-        "Llama-3-8B", "A100-80GB", "vidur:a100/llama-3-8b", 1, 0.7635, 1.0, 4.4450e-3, 0.0362, 0.270, 1),
+        "Llama-3-8B", "A100-80GB", "vidur:a100/llama-3-8b", 1, 0.7635, 1.0, 4.4450e-3, 0.7751, 0.0362, 0.270, 1),
     "calibrated:llama-2-7b/h100": CalibratedPreset(
-        "Llama-2-7B", "H100-SXM", "vidur:h100/llama-2-7b", 1, 0.6773, 1.0, 3.3263e-3, 0.0567, 0.342, 2),
+        "Llama-2-7B", "H100-SXM", "vidur:h100/llama-2-7b", 1, 0.6773, 1.0, 3.3263e-3, 0.7745, 0.0567, 0.342, 2),
     "calibrated:llama-2-70b/2xh100": CalibratedPreset(
-        "Llama-2-70B", "H100x2", "vidur:h100/llama-2-70b", 2, 0.6569, 1.0, 9.2892e-3, 0.0618, 0.323, 520),
+        "Llama-2-70B", "H100x2", "vidur:h100/llama-2-70b", 2, 0.6569, 1.0, 9.2892e-3, 0.8688, 0.0618, 0.323, 520),
     "calibrated:llama-2-7b/a40": CalibratedPreset(
-        "Llama-2-7B", "A40", "vidur:a40/llama-2-7b", 1, 0.7350, 1.0, 1.0821e-2, 0.0388, 0.261, 1),
+        "Llama-2-7B", "A40", "vidur:a40/llama-2-7b", 1, 0.7350, 1.0, 1.0821e-2, 0.7999, 0.0388, 0.261, 1),
     "calibrated:llama-3.1-8b/h100": CalibratedPreset(
-        "Llama-3.1-8B", "H100-SXM", "vidur:h100/llama-2-7b", 1, 0.6773, 1.0, 3.3263e-3, 0.0567, 0.342, 2,
+        "Llama-3.1-8B", "H100-SXM", "vidur:h100/llama-2-7b", 1, 0.6773, 1.0, 3.3263e-3, 0.7745, 0.0567, 0.342, 2,
         "efficiencies of Llama-2-7B on H100 (Vidur has no Llama-3 profile on H100)"),
 }
-"""``calibrated:MODEL/GPU``: the roofline with efficiencies fitted to real measurements."""
+"""``calibrated:MODEL/GPU``: the offline stand-in of the profile model ``vidur:GPU/MODEL``
+(:class:`CalibratedLatency`), the same on every machine and with nothing to download."""
 
 
-def calibrated_roofline(pair: str) -> RooflineLatency:
-    """The :class:`RooflineLatency` of ``calibrated:MODEL/GPU`` (see :data:`CALIBRATED_PRESETS`)."""
-    key = "calibrated:" + pair.strip().lower().removeprefix("calibrated:")
-    p = CALIBRATED_PRESETS.get(key)
-    if p is None:
-        raise ValueError(f"latency: unknown calibrated preset {key!r}; allowed: {', '.join(CALIBRATED_PRESETS)}")
-    model = RooflineLatency(p.model, p.gpu, p.mfu, p.mbu, p.overhead_s)
-    model.name = key
-    return model
+class CalibratedLatency(SummedLatency):
+    """``calibrated:MODEL/GPU``: the profile model's form with the measured linear part replaced
+    by the roofline fitted to it (:data:`CALIBRATED_PRESETS`):
+
+    * linear part: :class:`RooflineLatency` with the preset's ``mfu``, ``mbu``, ``overhead_s`` at
+      context 0, ``max(compute, weights) + overhead_s`` (within 3.6-6.2% MAPE of the measurements);
+    * attention: FLOPs at the preset's ``mfu``, KV bytes at its ``stream_mbu``;
+    * tensor-parallel all-reduce as in the profile model;
+
+    summed (:class:`SummedLatency`), as :class:`~llmsched_gym.core.profile.ProfileLatency` sums them.
+
+    :param name: a key of :data:`CALIBRATED_PRESETS`.
+    """
+
+    def __init__(self, name: str) -> None:
+        key = "calibrated:" + name.strip().lower().removeprefix("calibrated:")
+        p = CALIBRATED_PRESETS.get(key)
+        if p is None:
+            raise ValueError(f"latency: unknown calibrated preset {key!r}; allowed: {', '.join(CALIBRATED_PRESETS)}")
+        self.preset = p
+        self.roofline = RooflineLatency(p.model, p.gpu, p.mfu, p.mbu, p.overhead_s)
+        super().__init__(self.roofline.model, self.roofline.gpu, p.mfu, p.stream_mbu, 0.0)
+        self.name = key
+
+    def linear_time(self, tokens: float) -> float:
+        """The fitted roofline's time for ``tokens`` tokens at context 0 (seconds)."""
+        return self.roofline.batch_time(0, 0, 0, tokens, 0)  # type: ignore[arg-type]
 
 
 _NOTIFIED: set[str] = set()
 
 
-def _calibrated_fallback(profile: str, tp: int) -> RooflineLatency:
-    """Stand-in for a Vidur profile no copy is found of: the roofline calibrated on it, said once
-    per process on stderr (as a missing trace's synthetic stand-in is)."""
+def _calibrated_fallback(profile: str, tp: int) -> CalibratedLatency:
+    """Stand-in for a Vidur profile no copy is found of: its ``calibrated:`` preset (the same
+    form, with the roofline fitted to that profile as the linear part), said once per process on
+    stderr (as a missing trace's synthetic stand-in is)."""
     for key, p in CALIBRATED_PRESETS.items():
         if p.profile == f"vidur:{profile.strip().lower()}" and p.tp == tp and not p.note:
             if profile not in _NOTIFIED:
                 _NOTIFIED.add(profile)
-                print(f"vidur:{profile}: measured profile not found, using {key} (its fit to that profile: MAPE "
-                      f"{p.mape:.1%}); `llmsched data download vidur:{profile}`", file=sys.stderr)
-            return calibrated_roofline(key)
+                print(f"vidur:{profile}: measured profile not found, using {key} (the roofline fitted to it as "
+                      f"the linear part, MAPE {p.mape:.1%}); `llmsched data download vidur:{profile}`",
+                      file=sys.stderr)
+            return CalibratedLatency(key)
     raise ValueError(f"latency: vidur:{profile},tp={tp}: mlp.csv not found and no calibrated preset stands in; "
                      f"`llmsched data download vidur:{profile}`")
 
@@ -711,7 +811,8 @@ def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
         affine                                  affine:decode_base_s=0.02,decode_per_kv_s=1e-6
         roofline:llama-2-7b/a100                roofline:llama-3-8b/h100,mfu=0.6,overhead_s=0.002
         llama-2-7b/a100                         (same as roofline:llama-2-7b/a100)
-        calibrated:llama-2-7b/a100              (the roofline fitted to Vidur's A100 measurements)
+        calibrated:llama-2-7b/a100              (vidur:a100/llama-2-7b's form, offline: the roofline
+                                                 fitted to its measurements as the linear part)
         vidur:a100/llama-2-7b                   vidur:a100/llama-2-70b,tp=2
         profile:PATH/mlp.csv                    profile:PATH_DIR,tp=2,gpu=a100,overhead_s=0.001
         table:runs/profile/a100.csv
@@ -738,7 +839,7 @@ def make_latency(spec: str | Mapping[str, Any] | LatencyModel) -> LatencyModel:
 
         return load_profile_model(kind, rest.strip(), _calibrated_fallback)
     if kind == "calibrated" and rest:
-        return calibrated_roofline(rest)
+        return CalibratedLatency(rest)
     if kind == "unit" and not rest:
         return UnitLatency()
     if kind == "linear":

@@ -22,9 +22,10 @@ linear part (the fraction of peak the large matrix multiplications reach, 0.65-0
 the fraction of HBM bandwidth the projections reach streaming their weights at one token
 (0.6-0.87): the GPU's demonstrated compute and bandwidth, applied to attention's FLOPs and KV.
 
-:func:`fit_roofline` also gives the *calibrated* roofline presets (``calibrated:MODEL/GPU`` in
-:mod:`llmsched_gym.core.latency`): ``mfu``, ``mbu``, ``overhead_s`` minimising the mean absolute
-percentage error of the roofline's linear part against a profile.
+:func:`fit_roofline` also gives the ``calibrated:MODEL/GPU`` presets (:class:`CalibratedLatency
+<llmsched_gym.core.latency.CalibratedLatency>`): ``mfu``, ``mbu``, ``overhead_s`` minimising the
+mean absolute percentage error of the roofline's linear part against a profile. They are this
+model's offline stand-in: the same sum, with the fitted roofline as the linear part.
 
 Named profiles (``vidur:a100/llama-2-7b``) are the ones ``llmsched data`` knows; ``llmsched data
 download vidur:a100/llama-2-7b`` fetches one from Vidur's repository into the user cache, and
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmsched_gym.core.latency import LatencyModel, _Curve
+from llmsched_gym.core.latency import LatencyModel, SummedLatency, _Curve
 from llmsched_gym.core.models import GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
 
 VIDUR_LAYER_OPS = (
@@ -63,9 +64,6 @@ VIDUR_PROJECTIONS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down
 
 VIDUR_GPUS: dict[str, str] = {"a100": "A100-80GB", "h100": "H100-SXM", "a40": "A40"}
 """Vidur's GPU folder names -> our :data:`~llmsched_gym.core.models.GPUS` names."""
-
-ALLREDUCE_LATENCY_S = 10e-6
-"""Fixed cost of one NCCL all-reduce (ours; small-message latency on NVLink is 5-15 us)."""
 
 FIT_MAX_TOKENS = 8192
 """Fits and errors use the measured points with at most this many tokens."""
@@ -322,11 +320,11 @@ def _fitted_mfu(profile: LinearProfile) -> float:
 # The latency model
 
 
-class ProfileLatency(LatencyModel):
+class ProfileLatency(SummedLatency):
     """One iteration from a measured linear part plus modelled attention and all-reduce.
 
-    See the module docstring for the formula. ``decode_times`` equals ``batch_time`` bit for
-    bit (same operations in the same order).
+    See the module docstring for the formula (the arithmetic is :class:`SummedLatency`'s, shared
+    with ``calibrated:MODEL/GPU``). ``decode_times`` equals ``batch_time`` bit for bit.
 
     :param profile: the measured linear part (one TP degree).
     :param name: the spec that rebuilds this model (``vidur:a100/llama-2-7b,tp=2``).
@@ -345,12 +343,7 @@ class ProfileLatency(LatencyModel):
             mfu = _fitted_mfu(profile)
         if mbu is None:
             mbu = profile.stream_mbu
-        self.mfu, self.mbu, self.overhead_s = float(mfu), float(mbu), float(overhead_s)
-        if not (0.0 < self.mfu <= 1.0 and 0.0 < self.mbu <= 1.0 and self.overhead_s >= 0.0):
-            raise ValueError(f"latency: profile needs 0 < mfu, mbu <= 1 and overhead_s >= 0, got "
-                             f"mfu={self.mfu}, mbu={self.mbu}, overhead_s={self.overhead_s}")
-        m, k = profile.model, profile.tp
-        gpu = replace(profile.gpu, count=k)
+        super().__init__(profile.model, replace(profile.gpu, count=profile.tp), mfu, mbu, overhead_s)
         mono = monotone(profile.seconds)
         self._linear = _Curve({float(x): [float(t)] for x, t in zip(profile.tokens, mono, strict=True)})
         # Past the largest measured batch, extend with the slope over its upper half (the
@@ -360,46 +353,11 @@ class ProfileLatency(LatencyModel):
             slope = float((mono[-1] - mono[half]) / (profile.tokens[-1] - profile.tokens[half]))
             self._linear.slopes[-1] = slope
             self._linear._slopes_a[-1] = slope
-        flops_s = gpu.peak_flops * self.mfu
-        bytes_s = gpu.hbm_bytes_s * self.mbu
-        self._s_per_pair = 4.0 * m.layers * m.heads * m.head_dim / flops_s
-        self._s_per_kv = m.kv_bytes_per_token / bytes_s
-        # Megatron tensor parallelism: two all-reduces of tokens x hidden activations per layer;
-        # a ring moves 2 (k - 1) / k of the bytes over each GPU's link.
-        if k > 1:
-            link = (profile.gpu.nvlink_gb_s or profile.gpu.pcie_gb_s) * 1e9
-            self._s_comm_fixed = 2.0 * m.layers * ALLREDUCE_LATENCY_S
-            self._s_comm_per_token = 2.0 * m.layers * 2.0 * (k - 1) / k * m.hidden * m.dtype_bytes / link
-        else:
-            self._s_comm_fixed = self._s_comm_per_token = 0.0
 
     def linear_time(self, tokens: float) -> float:
         """The linear part for ``tokens`` tokens (seconds): :func:`monotone` of the measurements,
         interpolated."""
         return self._linear.at(tokens)
-
-    def batch_time(
-        self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
-    ) -> float:
-        tokens = prefill_tokens + n_decode
-        pairs: float = decode_ctx_tokens + n_decode
-        if n_prefill > 0:
-            pairs += (
-                prefill_tokens * prefill_ctx_tokens - 0.5 * prefill_tokens * prefill_tokens
-            ) / n_prefill + 0.5 * prefill_tokens
-        compute = self._s_per_pair * pairs
-        memory = self._s_per_kv * (prefill_ctx_tokens + decode_ctx_tokens + tokens)
-        attn = compute if compute > memory else memory
-        comm = self._s_comm_fixed + self._s_comm_per_token * tokens
-        return self._linear.at(tokens) + attn + comm + self.overhead_s
-
-    def decode_times(self, n_decode: int, decode_ctx_tokens: np.ndarray) -> np.ndarray:
-        ctx = np.asarray(decode_ctx_tokens, dtype=np.float64)
-        compute = self._s_per_pair * (ctx + n_decode)
-        memory = self._s_per_kv * (ctx + n_decode)
-        attn = np.where(compute > memory, compute, memory)
-        comm = self._s_comm_fixed + self._s_comm_per_token * n_decode
-        return self._linear.at(n_decode) + attn + comm + self.overhead_s
 
 
 _OPTS = ("tp", "mfu", "mbu", "overhead_s", "model", "gpu")
@@ -422,8 +380,8 @@ def load_profile_model(kind: str, rest: str, fallback: Callable[[str, int], Late
 
     Options: ``tp`` (default 1), ``mfu``, ``mbu``, ``overhead_s``, and for a path ``model``,
     ``gpu`` when the profile's shape or folder does not say. A ``vidur:`` name that no copy is
-    found for is built by ``fallback(name, tp)`` when given (the scenarios fall back to the
-    calibrated roofline, whose name says so), else it is an error naming where it looked.
+    found for is built by ``fallback(name, tp)`` when given (``make_latency`` falls back to the
+    ``calibrated:`` preset fitted to that profile, whose name says so), else it is an error naming where it looked.
     """
     head, opts = _split_opts(rest, kind)
     try:
