@@ -2,18 +2,21 @@
 
 Custom scalars (``tensorboard --logdir runs``), written at the end of every rollout:
 
-=====================================  ============================================================
-``sched/e2e_mean_s``, ``e2e_p99_s``    E2E latency of the episodes finished so far (mean over the
-``sched/ttft_mean_s``, ``ttft_p99_s``  episodes that finished during the rollout, or the last
-``sched/tpot_mean_s``, ``tpot_p99_s``  finished ones when none did), from ``info["summary"]``
-``sched/throughput_tokens_per_s``
-``sched/evictions``, ``sched/recomputed_tokens``, ``sched/completed_frac``
-``sched/slo_attainment``               only when the scenario has SLOs
-``sched/episodes``                     episodes finished since training began
-``eval/e2e_mean_s``, ``eval/ttft_p99_s``  the deterministic agent on the fixed evaluation workload
-``eval/rel_e2e_mean_vs_best``          agent / best baseline (< 1 = the agent is better)
-``eval/rel_ttft_p99_vs_best``          same for P99 TTFT
-=====================================  ============================================================
+=========================================  ========================================================
+``sched/mean_e2el_ms``, ``p99_e2el_ms``    latency of the episodes finished so far (mean over the
+``sched/mean_ttft_ms``, ``p99_ttft_ms``    episodes that finished during the rollout, or the last
+``sched/mean_tpot_ms``, ``p99_tpot_ms``    finished ones when none did), from the summary's
+``sched/mean_itl_ms``                      ``serving`` block: ``vllm bench serve``'s names and units
+``sched/output_throughput``                output tokens/s of the completed requests
+``sched/total_token_throughput``           prompt + output tokens/s of the completed requests
+``sched/evictions``, ``recomputed_tokens``  preemptions and the tokens they made recompute
+``sched/completed_frac``                   completed / arrived
+``sched/slo_attainment``, ``request_goodput``  only when the scenario has SLOs
+``sched/episodes``                         episodes finished since training began
+``eval/mean_e2el_ms``, ``eval/p99_ttft_ms``  the deterministic agent on the fixed evaluation workload
+``eval/rel_mean_e2el_ms_vs_best``          agent / best baseline (< 1 = the agent is better)
+``eval/rel_p99_ttft_ms_vs_best``           same for P99 TTFT
+=========================================  ========================================================
 """
 
 from __future__ import annotations
@@ -27,17 +30,21 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 SUMMARY_SCALARS: list[tuple[str, Callable[[dict], float]]] = [
-    ("e2e_mean_s", lambda s: s["e2e_s"]["mean"]),
-    ("e2e_p99_s", lambda s: s["e2e_s"]["p99"]),
-    ("ttft_mean_s", lambda s: s["ttft_s"]["mean"]),
-    ("ttft_p99_s", lambda s: s["ttft_s"]["p99"]),
-    ("tpot_mean_s", lambda s: s["tpot_s"]["mean"]),
-    ("tpot_p99_s", lambda s: s["tpot_s"]["p99"]),
-    ("throughput_tokens_per_s", lambda s: s["throughput_tokens_per_s"]),
+    # names and units as `vllm bench serve` prints them (the summary's "serving" block)
+    ("mean_e2el_ms", lambda s: s["serving"]["mean_e2el_ms"]),
+    ("p99_e2el_ms", lambda s: s["serving"]["p99_e2el_ms"]),
+    ("mean_ttft_ms", lambda s: s["serving"]["mean_ttft_ms"]),
+    ("p99_ttft_ms", lambda s: s["serving"]["p99_ttft_ms"]),
+    ("mean_tpot_ms", lambda s: s["serving"]["mean_tpot_ms"]),
+    ("p99_tpot_ms", lambda s: s["serving"]["p99_tpot_ms"]),
+    ("mean_itl_ms", lambda s: s["serving"]["mean_itl_ms"]),
+    ("output_throughput", lambda s: s["serving"]["output_throughput"]),
+    ("total_token_throughput", lambda s: s["serving"]["total_token_throughput"]),
     ("evictions", lambda s: float(s["evictions"])),
     ("recomputed_tokens", lambda s: float(s["recomputed_tokens"])),
     ("completed_frac", lambda s: s["n_completed"] / max(1, s["n_arrived"])),
     ("slo_attainment", lambda s: s.get("slo_attainment", math.nan)),
+    ("request_goodput", lambda s: s["serving"].get("request_goodput", math.nan)),
 ]
 
 
@@ -53,7 +60,7 @@ class SummaryScalarsCallback(BaseCallback):
         self.bc = bc or {}
 
     def _on_training_start(self) -> None:
-        for key in ("bc_accuracy", "bc_loss", "bc_samples", "bc_seconds", "expert_e2e_mean_s", "inexpressible_frac"):
+        for key in ("bc_accuracy", "bc_loss", "bc_samples", "bc_seconds", "expert_mean_e2el_ms", "inexpressible_frac"):
             if key in self.bc:
                 self.logger.record(f"bc/{key.removeprefix('bc_')}", float(self.bc[key]))
         if self.bc:
@@ -97,7 +104,7 @@ class BaselineScoreCallback(BaseCallback):
         self.evaluate = evaluate
         self.every = max(1, int(every))
         self.best = {key: best_value(baselines, get) for key, get in
-                     (("e2e_mean_s", SUMMARY_SCALARS[0][1]), ("ttft_p99_s", SUMMARY_SCALARS[3][1]))}
+                     (("mean_e2el_ms", SUMMARY_SCALARS[0][1]), ("p99_ttft_ms", SUMMARY_SCALARS[3][1]))}
         self.save = save
         self.best_rel = math.inf
         self._rollouts = 0
@@ -112,15 +119,16 @@ class BaselineScoreCallback(BaseCallback):
             return
         s = self.evaluate(self.model)
         done = s["n_completed"] / max(1, s["n_arrived"])
-        self.last = {"e2e_mean_s": s["e2e_s"]["mean"], "ttft_p99_s": s["ttft_s"]["p99"], "completed_frac": done}
-        for key in ("e2e_mean_s", "ttft_p99_s"):
+        self.last = {"mean_e2el_ms": s["serving"]["mean_e2el_ms"], "p99_ttft_ms": s["serving"]["p99_ttft_ms"],
+                     "completed_frac": done}
+        for key in ("mean_e2el_ms", "p99_ttft_ms"):
             best = self.best[key]
             # an agent that leaves requests unserved has no comparable latency: count it as 10x worse
             self.last[f"rel_{key}_vs_best"] = self.last[key] / best if done >= 0.99 and best > 0 else 10.0
         for key, value in self.last.items():
             self.logger.record(f"eval/{key}", float(value))
-        if self.save is not None and self.last["rel_e2e_mean_s_vs_best"] < self.best_rel:
-            self.best_rel = self.last["rel_e2e_mean_s_vs_best"]
+        if self.save is not None and self.last["rel_mean_e2el_ms_vs_best"] < self.best_rel:
+            self.best_rel = self.last["rel_mean_e2el_ms_vs_best"]
             self.save("best_model")
 
 
@@ -196,7 +204,7 @@ class RichProgressCallback(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         if self.score is not None and self.score.last:
-            rel = self.score.last.get("rel_e2e_mean_s_vs_best", math.nan)
+            rel = self.score.last.get("rel_mean_e2el_ms_vs_best", math.nan)
             self.progress.update(self.task, note=f"E2E vs best baseline x{rel:.3f}")
 
     def _on_training_end(self) -> None:

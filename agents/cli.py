@@ -77,8 +77,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"trained {meta['name']}: {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s "
           f"({meta['episodes']} episodes); saved in {Path(args.out) / meta['name']}")
     if v["final_agent"]:
-        print(f"validation (seed 99): agent E2E mean {v['final_agent']['e2e_mean_s']:.4g}s, "
-              f"best rel. to the best baseline x{v['best_rel_e2e_mean_vs_best']:.3f}")
+        print(f"validation (seed 99): agent Mean E2EL {v['final_agent']['mean_e2el_ms']:.4g} ms, "
+              f"best rel. to the best baseline x{v['best_rel_mean_e2el_vs_best']:.3f}")
     return 0
 
 

@@ -27,16 +27,19 @@ from llmsched_gym.parallel import Cell, Settings, run_cells
 
 # (key, label, getter, lower is better)
 METRICS: list[tuple[str, str, Callable[[dict], float], bool]] = [
-    ("e2e_mean_s", "E2E mean (s)", lambda s: s["e2e_s"]["mean"], True),
-    ("e2e_p99_s", "E2E p99 (s)", lambda s: s["e2e_s"]["p99"], True),
-    ("ttft_mean_s", "TTFT mean (s)", lambda s: s["ttft_s"]["mean"], True),
-    ("ttft_p99_s", "TTFT p99 (s)", lambda s: s["ttft_s"]["p99"], True),
-    ("tpot_mean_ms", "TPOT mean (ms)", lambda s: 1000.0 * s["tpot_s"]["mean"], True),
-    ("throughput_tokens_per_s", "tokens/s", lambda s: s["throughput_tokens_per_s"], False),
+    # names and units as `vllm bench serve` prints them (the summary's "serving" block)
+    ("mean_e2el_ms", "Mean E2EL (ms)", lambda s: s["serving"]["mean_e2el_ms"], True),
+    ("p99_e2el_ms", "P99 E2EL (ms)", lambda s: s["serving"]["p99_e2el_ms"], True),
+    ("mean_ttft_ms", "Mean TTFT (ms)", lambda s: s["serving"]["mean_ttft_ms"], True),
+    ("p99_ttft_ms", "P99 TTFT (ms)", lambda s: s["serving"]["p99_ttft_ms"], True),
+    ("mean_tpot_ms", "Mean TPOT (ms)", lambda s: s["serving"]["mean_tpot_ms"], True),
+    ("mean_itl_ms", "Mean ITL (ms)", lambda s: s["serving"]["mean_itl_ms"], True),
+    ("output_throughput", "Output token throughput (tok/s)", lambda s: s["serving"]["output_throughput"], False),
     ("completed_frac", "completed", lambda s: s["n_completed"] / max(1, s["n_arrived"]), False),
     ("preemptions", "evictions", lambda s: float(s["preemptions"]), True),
     ("recomputed_tokens", "recomputed tok", lambda s: float(s["recomputed_tokens"]), True),
     ("slo_attainment", "SLO attain.", lambda s: s.get("slo_attainment", math.nan), False),
+    ("request_goodput", "Request goodput (req/s)", lambda s: s["serving"].get("request_goodput", math.nan), False),
 ]
 METRIC_KEYS = [m[0] for m in METRICS]
 COMPLETE_FRAC = 0.99
@@ -181,7 +184,7 @@ def aggregate(records: list[RunRecord]) -> dict[float, dict[str, dict[str, dict[
 def _table_order(per: dict, policy: str, agents: Iterable[str]) -> tuple:
     """Agents first, then by mean E2E, policies that left requests incomplete last."""
     return (policy not in agents, per[policy]["completed_frac"]["mean"] < COMPLETE_FRAC,
-            per[policy]["e2e_mean_s"]["mean"])
+            per[policy]["mean_e2el_ms"]["mean"])
 
 
 def best_policy(agg_load: dict[str, dict[str, dict[str, float]]], metric: str, exclude: Iterable[str] = ()) -> str | None:
@@ -201,7 +204,7 @@ def _cell(v: dict[str, float], key: str) -> str:
     m, h = v["mean"], v["ci95"]
     if not np.isfinite(m):
         return "-"
-    digits = 0 if key in ("preemptions", "recomputed_tokens", "throughput_tokens_per_s") else 3
+    digits = 0 if key in ("preemptions", "recomputed_tokens", "output_throughput") else 3
     if not np.isfinite(h):
         return f"{m:.{digits}f}"
     return f"{m:.{digits}f} ± {h:.{digits}f}"
@@ -263,8 +266,8 @@ def markdown_tables(agg: dict, agents: Iterable[str] = (), same: dict[tuple[floa
     return "\n".join(lines)
 
 
-def agent_vs_best(agg: dict, agents: Iterable[str], metrics: Iterable[str] = ("e2e_mean_s", "ttft_p99_s")) -> list[str]:
-    """Lines such as ``load x1: ppo E2E mean 15.2 vs best baseline mcsf 15.8 (-3.8%)``."""
+def agent_vs_best(agg: dict, agents: Iterable[str], metrics: Iterable[str] = ("mean_e2el_ms", "p99_ttft_ms")) -> list[str]:
+    """Lines such as ``load x1: ppo Mean E2EL 15200 vs best baseline mcsf 15800 (-3.8%)``."""
     agents = list(agents)
     out = []
     for load in sorted(agg):
@@ -282,7 +285,7 @@ def agent_vs_best(agg: dict, agents: Iterable[str], metrics: Iterable[str] = ("e
     return out
 
 
-def paired_vs_baselines(records: list[RunRecord], agg: dict, agent: str, metric: str = "e2e_mean_s",
+def paired_vs_baselines(records: list[RunRecord], agg: dict, agent: str, metric: str = "mean_e2el_ms",
                         top: int = 5, exclude: Iterable[str] = ()) -> list[dict[str, Any]]:
     """The agent against the ``top`` best complete baselines (by mean ``metric``; ``exclude``: other
     agents), paired by seed: per baseline the mean relative difference ``(agent - baseline) /
@@ -450,7 +453,7 @@ def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any]
     for a in agents:
         pairs = paired_vs_baselines(records, agg, a, exclude=agents)
         if pairs:
-            md += [f"## {a}: paired per-seed differences in mean E2E against the five best baselines", "",
+            md += [f"## {a}: paired per-seed differences in Mean E2EL (ms) against the five best baselines", "",
                    "| load | baseline | baseline mean (s) | agent mean (s) | paired difference | verdict |",
                    "|---|---|---:|---:|---:|---|"]
             md += [f"| x{x['load']:g} | {x['baseline']} | {x['baseline_mean']:.3f} | {x['agent_mean']:.3f} | "

@@ -190,9 +190,9 @@ def train_rllib(cfg: RLlibConfig, progress: bool = True) -> dict[str, Any]:
                 writer.add_scalar("rollout/ep_rew_mean", float(runners["episode_return_mean"]), steps)
             writer.flush()
             if progress:
-                e2e = runners.get("sched/e2e_mean_s", math.nan)
+                e2e = runners.get("sched/mean_e2el_ms", math.nan)
                 print(f"  iteration {it + 1}/{cfg.iterations}: {steps} steps, episodes finished so far "
-                      f"{int(runners.get('sched/episodes', 0))}, E2E mean {e2e:.4g} s", flush=True)
+                      f"{int(runners.get('sched/episodes', 0))}, Mean E2EL {e2e:.4g} ms", flush=True)
         algo.get_module().save_to_path(str(run_dir / "rl_module"))
     finally:
         writer.close()

@@ -243,7 +243,7 @@ def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, 
             acts.append(a)
             obs, _, term, trunc, info = env.step(a)
             done = term or trunc
-        e2e.append(info["summary"]["e2e_s"]["mean"])
+        e2e.append(info["summary"]["serving"]["mean_e2el_ms"])
     env.close()
     frac = inexpressible / max(len(acts), 1)
     if frac > MAX_INEXPRESSIBLE:
@@ -252,7 +252,7 @@ def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, 
                          f"{inexpressible} of {len(acts)} plans ({frac:.1%}) are inexpressible, more than "
                          f"{MAX_INEXPRESSIBLE:.0%}; first: {first_reason}")
     obs_arr = {k: np.stack([o[k] for o in obs_l]) for k in obs_l[0]}
-    return obs_arr, np.stack(masks), np.asarray(acts), {"expert_e2e_mean_s": float(np.mean(e2e)), "steps": len(acts),
+    return obs_arr, np.stack(masks), np.asarray(acts), {"expert_mean_e2el_ms": float(np.mean(e2e)), "steps": len(acts),
                                                           "inexpressible_frac": frac}
 
 
@@ -445,11 +445,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "status": "done",
         "timesteps": int(model.num_timesteps),
         "validation": {
-            "baselines": {k: {"e2e_mean_s": v["e2e_s"]["mean"], "ttft_p99_s": v["ttft_s"]["p99"],
+            "baselines": {k: {"mean_e2el_ms": v["serving"]["mean_e2el_ms"], "p99_ttft_ms": v["serving"]["p99_ttft_ms"],
                               "completed": v["n_completed"], "arrived": v["n_arrived"]} for k, v in baselines.items()},
-            "final_agent": {"e2e_mean_s": final["e2e_s"]["mean"], "ttft_p99_s": final["ttft_s"]["p99"],
+            "final_agent": {"mean_e2el_ms": final["serving"]["mean_e2el_ms"], "p99_ttft_ms": final["serving"]["p99_ttft_ms"],
                             "completed": final["n_completed"], "arrived": final["n_arrived"]} if final else {},
-            "best_rel_e2e_mean_vs_best": score.best_rel if score is not None else None,
+            "best_rel_mean_e2el_vs_best": score.best_rel if score is not None else None,
             "last_scores": score.last if score is not None else {},
         },
         "episodes": summaries.n_episodes,

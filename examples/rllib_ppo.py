@@ -7,7 +7,7 @@
 
 ``--env-runners N`` samples episodes in N Ray actors (0: in this process); ``--address auto``
 trains on the Ray cluster started with ``ray start --head``. ``--quick`` is the CI size: two
-iterations of 256 steps on 30-request episodes. The policy and ``run.json`` are saved in
+iterations of 256 steps on 15-request episodes. The policy and ``run.json`` are saved in
 ``runs/rllib/NAME``, which ``llmsched evaluate --model`` plays like an SB3 run (see agents/rllib.py).
 """
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default=None)
     p.add_argument("--out", default="runs/rllib")
     p.add_argument("--address", default=None, help="Ray cluster (auto: `ray start --head`); default: a local one")
-    p.add_argument("--quick", action="store_true", help="CI size: 2 iterations of 256 steps, 30-request episodes")
+    p.add_argument("--quick", action="store_true", help="CI size: 2 iterations of 256 steps, 15-request episodes")
     args = p.parse_args(argv)
     try:
         overrides = parse_sets(args.set)
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                       epochs=args.epochs, seed=args.seed, overrides=overrides)
     if args.quick:
         cfg.iterations, cfg.train_batch, cfg.minibatch, cfg.epochs, cfg.hidden = 2, 256, 64, 2, (32,)
-        cfg.overrides = {"workload.n_requests": 30, **cfg.overrides}
+        cfg.overrides = {"workload.n_requests": 15, **cfg.overrides}
     if not ray.is_initialized():
         ray.init(address=args.address, include_dashboard=False, configure_logging=False)
     meta = train_rllib(cfg)

@@ -49,7 +49,8 @@ class Task:
 
     :param scenario: a scenario name (``llmsched list``).
     :param overrides: dotted scenario overrides (size, load).
-    :param metric: dotted path into the run summary (``e2e_s.mean``).
+    :param metric: dotted path into the run summary (``serving.mean_e2el_ms``: ``vllm bench serve``'s
+        names and units).
     :param lower_is_better: the metric's direction.
     :param label: how the metric is printed.
     """
@@ -64,22 +65,22 @@ class Task:
 
 
 TASKS: tuple[Task, ...] = (
-    Task("azure-conv", "azure-conv", {"workload.n_requests": 1000}, "e2e_s.mean", True, "mean E2E (s)",
+    Task("azure-conv", "azure-conv", {"workload.n_requests": 1000}, "serving.mean_e2el_ms", True, "Mean E2EL (ms)",
          {"workload.n_requests": 150}),
     # held out in time: windows from the trace's second half only (agents train on its first half,
     # ``workload.trace.part: [0, 0.5]``), so no test request was ever seen in training
     Task("azure-conv-late", "azure-conv", {"workload.n_requests": 1000, "workload.trace.part": [0.5, 1.0]},
-         "e2e_s.mean", True, "mean E2E (s)", {"workload.n_requests": 150}),
-    Task("jaillet-high", "jaillet-high", {"workload.n_requests": 500}, "e2e_s.mean", True, "mean E2E (s)",
+         "serving.mean_e2el_ms", True, "Mean E2EL (ms)", {"workload.n_requests": 150}),
+    Task("jaillet-high", "jaillet-high", {"workload.n_requests": 500}, "serving.mean_e2el_ms", True, "Mean E2EL (ms)",
          {"workload.n_requests": 120}),
-    Task("jaillet-noisy", "jaillet-noisy", {"workload.n_requests": 500}, "e2e_s.mean", True, "mean E2E (s)",
+    Task("jaillet-noisy", "jaillet-noisy", {"workload.n_requests": 500}, "serving.mean_e2el_ms", True, "Mean E2EL (ms)",
          {"workload.n_requests": 120}),
     Task("jaillet-bursty", "jaillet-high",
          {"workload.n_requests": 500, "workload.arrival": {"type": "gamma", "rate": 50.0, "cv": 4.0}},
-         "ttft_s.p99", True, "P99 TTFT (s)", {"workload.n_requests": 120}),
+         "serving.p99_ttft_ms", True, "P99 TTFT (ms)", {"workload.n_requests": 120}),
     Task("echo-hybrid", "echo-hybrid",
          {"workload.n_requests": 200, "workload.classes.offline.n_requests": 2000, "engine.horizon_s": 60.0},
-         "goodput_requests_per_s", False, "SLO goodput (req/s)",
+         "serving.request_goodput", False, "Request goodput (req/s)",
          {"workload.n_requests": 40, "workload.classes.offline.n_requests": 200, "engine.horizon_s": 15.0}),
     # a seeded window of the trace, so that the test seeds are different workloads
     Task("vtc-arena", "vtc-arena", {"workload.n_requests": 1000, "workload.trace.window": "random"},

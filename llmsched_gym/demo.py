@@ -91,25 +91,25 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_every=max(timesteps // 4, 256), score_every=1, progress=not quick,
         max_minutes=None if quick else args.max_minutes,
     ))
-    print(f"      {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s; best validation E2E "
-          f"x{meta['validation']['best_rel_e2e_mean_vs_best']:.3f} of the best baseline (that model is evaluated)")
+    print(f"      {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s; best validation Mean E2EL "
+          f"x{meta['validation']['best_rel_mean_e2el_vs_best']:.3f} of the best baseline (that model is evaluated)")
     print(f"[2/3] evaluating the agent and {len(policies)} baselines on seeds {seeds} ({eval_n} requests each)")
     over = {"workload.n_requests": eval_n}
     results = compare(args.scenario, seeds, [1.0], policies, [f"{args.out}/train"], over, {},
                       f"{args.out}/eval", plots=True, best=True)
     for agent, pairs in results.get("paired", {}).items():
-        print(f"{agent}, mean E2E paired by seed against the five best baselines:")
+        print(f"{agent}, Mean E2EL (ms) paired by seed against the five best baselines:")
         for x in pairs:
-            print(f"  vs {x['baseline']:<22} {x['baseline_mean']:7.3f} s -> {x['agent_mean']:7.3f} s  "
+            print(f"  vs {x['baseline']:<22} {x['baseline_mean']:9.1f} ms -> {x['agent_mean']:9.1f} ms  "
                   f"{100 * x['paired_rel']:+6.1f}% ± {100 * x['paired_rel_ci95']:.1f}%  {x['verdict']}")
         best = pairs[0] if pairs else None
         if best is not None and best["verdict"] != "better":
             print(f"  the agent does not beat the best baseline ({best['baseline']}): {best['verdict']}")
         print(f"[3/3] the best static tuning: {agent} against the benchmark's grid over Sarathi's chunk_size")
-        mine = {r["seed"]: r["metrics"]["e2e_mean_s"] for r in results["runs"] if r["policy"] == agent}
+        mine = {r["seed"]: r["metrics"]["mean_e2el_ms"] for r in results["runs"] if r["policy"] == agent}
         static = static_tuning(args.scenario, seeds, over)
         x = paired(mine, static["values"])
-        print(f"  vs {static['name']:<22} {static['mean']:7.3f} s -> {x['agent_mean']:7.3f} s  "
+        print(f"  vs {static['name']:<22} {static['mean']:9.1f} ms -> {x['agent_mean']:9.1f} ms  "
               f"{100 * x['rel']:+6.1f}% ± {100 * x['ci95']:.1f}%  {x['verdict']}")
         if x["verdict"] != "better":
             print(f"  the agent does not beat the best static tuning ({static['name']}): {x['verdict']}")
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def static_tuning(scenario: str, seeds: list[int], overrides: dict) -> dict:
-    """The best point of the benchmark's Sarathi ``chunk_size`` grid by mean E2E on ``seeds``
+    """The best point of the benchmark's Sarathi ``chunk_size`` grid by Mean E2EL on ``seeds``
     (with its per-seed values), among those that complete every request."""
     import numpy as np
 
@@ -131,7 +131,7 @@ def static_tuning(scenario: str, seeds: list[int], overrides: dict) -> dict:
         runs = [simulate(scenario, {"name": "sarathi", knob: v}, s, overrides).summary for s in seeds]
         if any(r["n_completed"] < r["n_arrived"] for r in runs):
             continue
-        vals = {s: r["e2e_s"]["mean"] for s, r in zip(seeds, runs, strict=True)}
+        vals = {s: r["serving"]["mean_e2el_ms"] for s, r in zip(seeds, runs, strict=True)}
         m = float(np.mean(list(vals.values())))
         if best is None or m < best["mean"]:
             best = {"name": f"sarathi:{knob}={v}", "mean": m, "values": vals}

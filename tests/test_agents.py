@@ -188,12 +188,12 @@ def test_tensorboard_has_the_custom_scalars(tiny_run):
         for t in ea.Tags()["scalars"]:
             tags.add(t)
             values[t] = ea.Scalars(t)[-1].value
-    for t in ("sched/e2e_mean_s", "sched/e2e_p99_s", "sched/ttft_mean_s", "sched/ttft_p99_s", "sched/tpot_mean_s",
-              "sched/throughput_tokens_per_s", "sched/evictions", "sched/recomputed_tokens",
-              "eval/rel_e2e_mean_s_vs_best", "eval/rel_ttft_p99_s_vs_best", "train/entropy_loss",
+    for t in ("sched/mean_e2el_ms", "sched/p99_e2el_ms", "sched/mean_ttft_ms", "sched/p99_ttft_ms", "sched/mean_tpot_ms",
+              "sched/mean_itl_ms", "sched/output_throughput", "sched/total_token_throughput", "sched/evictions", "sched/recomputed_tokens",
+              "eval/rel_mean_e2el_ms_vs_best", "eval/rel_p99_ttft_ms_vs_best", "train/entropy_loss",
               "bc/accuracy", "bc/samples", "bc/seconds", "rollout/ep_rew_mean"):
         assert t in tags, t
-    assert values["sched/e2e_mean_s"] > 0 and values["eval/rel_e2e_mean_s_vs_best"] > 0
+    assert values["sched/mean_e2el_ms"] > 0 and values["eval/rel_mean_e2el_ms_vs_best"] > 0
     assert 0 <= values["bc/accuracy"] <= 1 and values["bc/samples"] > 0 and values["rollout/ep_rew_mean"] < 0
 
 
@@ -283,13 +283,13 @@ def test_compare_writes_report_tables_csv_and_plots(tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     ran = {r["policy"] for r in res["runs"]}
     assert {"fcfs", "sjf"} <= ran and ran | set(res["skipped"]) == {"fcfs", "sjf", "semi-online"}
-    e2e = [r["metrics"]["e2e_mean_s"] for r in res["runs"] if r["policy"] == "sjf" and r["load"] == 1.0]
-    agg = res["aggregate"]["1"]["sjf"]["e2e_mean_s"]
+    e2e = [r["metrics"]["mean_e2el_ms"] for r in res["runs"] if r["policy"] == "sjf" and r["load"] == 1.0]
+    agg = res["aggregate"]["1"]["sjf"]["mean_e2el_ms"]
     m, half, n = mean_ci(e2e)
     assert (agg["mean"], agg["ci95"], agg["n"]) == (pytest.approx(m), pytest.approx(half), 3)
     rows = (out / "results.csv").read_text().splitlines()
     assert rows[0] == "load,policy,metric,mean,ci95_low,ci95_high,n"
-    assert any(r.startswith("2,fcfs,e2e_mean_s,") for r in rows)
+    assert any(r.startswith("2,fcfs,mean_e2el_ms,") for r in rows)
     text = (out / "report.md").read_text()
     # a policy identical to another on every seed is marked once, with the reason stated
     same = all(a["metrics"] == b["metrics"] for a, b in zip(

@@ -21,17 +21,24 @@ def test_quick_benchmark_scores_the_best_baseline_one_and_fcfs_zero(tmp_path):
         # computed, not typed in: the best complete default baseline on the test seeds
         means = {n: row["mean"] for n, row in rows.items() if row["kind"] == "baseline" and row["complete"]}
         assert best == min(means, key=means.get)
-        assert rows[best]["normalised"] == pytest.approx(1.0)
+        if means[best] == means["fcfs"]:  # FCFS ties for the best: the score is undefined (documented nan)
+            assert math.isnan(rows[best]["normalised"])
+        else:
+            assert rows[best]["normalised"] == pytest.approx(1.0)
         assert rows["fcfs"]["normalised"] == pytest.approx(0.0) or math.isnan(rows["fcfs"]["normalised"])
         assert rows[best]["paired_rel_vs_best"] == 0.0
         # the static-tuning reference is at least as good as the best default baseline
         assert r["best_static_tuning_mean"] <= r["best_baseline_mean"]
         assert {"sarathi:chunk_size=128", "vllm-v1:max_num_seqs=64", "sarathi:chunk_size=256"} <= set(rows)
         assert len(rows[best]["values"]) == 2  # the quick protocol's two test seeds
+    # azure-conv's small cut separates the baselines (jaillet-high's 120 requests may not: every
+    # baseline schedules them the same way under the grounded batch times)
+    az = {row["name"]: row for row in res["tasks"]["azure-conv"]["rows"]}
+    assert az[res["tasks"]["azure-conv"]["best_baseline"]]["normalised"] == pytest.approx(1.0)
     assert not res["tasks"]["azure-conv"]["rows"][-1]["complete"]  # rpm rejects: listed last
     assert json.loads((out / "results.json").read_text())["protocol"]["test_seeds"] == [100, 101]
     text = (out / "leaderboard.md").read_text()
-    assert "## azure-conv (mean E2E (s), lower is better)" in text and "(incomplete)" in text
+    assert "## azure-conv (Mean E2EL (ms), lower is better)" in text and "(incomplete)" in text
     assert (out / "scores.png").stat().st_size > 1000
 
 

@@ -41,7 +41,7 @@ def test_rllib_example_trains_two_iterations_and_evaluate_plays_it_against_fcfs(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags = EventAccumulator(str(run)).Reload().Tags()["scalars"]
-    assert {"sched/e2e_mean_s", "sched/completed_frac", "sched/episodes", "rollout/ep_rew_mean"} <= set(tags)
+    assert {"sched/mean_e2el_ms", "sched/completed_frac", "sched/episodes", "rollout/ep_rew_mean"} <= set(tags)
 
     out = tmp_path / "eval"
     assert main(["evaluate", "--model", str(run), "--policies", "fcfs", "--seeds", "100-101",
@@ -49,5 +49,8 @@ def test_rllib_example_trains_two_iterations_and_evaluate_plays_it_against_fcfs(
     res = json.loads((out / "results.json").read_text())
     by = {(r["policy"], r["seed"]): r["summary"] for r in res["runs"]}
     assert {p for p, _ in by} == {"fcfs", res["agents"][0]} and not res["skipped"]
-    for s in by.values():  # the masked agent serves every request, as fcfs does
-        assert s["n_completed"] == s["n_arrived"] == 30
+    for (policy, _), s in by.items():
+        # nothing is lost: a barely trained agent may preempt and re-admit until the loop detector
+        # stops it (its preempt actions allow that), and then says so; fcfs serves every request
+        assert s["n_arrived"] == 30 and s["n_completed"] + s["n_unfinished"] + s["n_rejected"] == 30
+        assert s["n_completed"] == 30 or (policy != "fcfs" and s["non_terminating"])
