@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from llmsched_gym.config import ConfigError
 from llmsched_gym.parallel import add_arguments as add_parallel_arguments
@@ -246,8 +246,17 @@ def _tp_list(text: str) -> tuple[int, ...]:
     return tuple(int(t) for t in text.split(","))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors: ``error: llmsched train: argument --K: invalid
+    int value: 'true' (llmsched train --help)`` instead of the usage block and the message (the
+    subcommand parsers are of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {' '.join(message.split())} ({self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="llmsched", description="LLM inference scheduling gym and simulator",
+    p = _Parser(prog="llmsched", description="LLM inference scheduling gym and simulator",
                                 formatter_class=HelpFormatter)
     p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)

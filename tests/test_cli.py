@@ -51,6 +51,19 @@ def test_version(capsys):
     assert e.value.code == 0 and capsys.readouterr().out.startswith("llmsched-gym ")
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["train", "--K", "true"], "error: llmsched train: argument --K: invalid int value: 'true' (llmsched train --help)"),
+    (["run", "--seed", "x"], "error: llmsched run: argument --seed: invalid int value: 'x' (llmsched run --help)"),
+    (["run", "--bogus"], "error: llmsched: unrecognized arguments: --bogus (llmsched --help)"),
+    (["data", "frob"], "error: llmsched data: argument data_command: invalid choice: 'frob' "
+                       "(choose from 'list', 'download', 'path') (llmsched data --help)"),
+])
+def test_argument_errors_are_one_line_not_the_usage_block(capsys, argv, line):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and capsys.readouterr().err == line + "\n"
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
