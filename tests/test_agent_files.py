@@ -90,6 +90,7 @@ def test_crafted_pickle_and_zip_alone_are_refused_without_running_them(tmp_path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--trust-model" in err and "model.zip" in err
     assert main(["evaluate", "--model", str(tmp_path / "agent" / "model.zip"), "--policies", "none"]) == 2
+    assert main(["evaluate", "--model", str(tmp_path / "agent" / "vecnormalize.pkl"), "--policies", "none"]) == 2
     assert not marker.exists()
 
 
