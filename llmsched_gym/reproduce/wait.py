@@ -9,8 +9,9 @@ vLLM, Sarathi" in throughput and latency (Figs 11-13: synthetic 4-type, clustere
 55 and 550), with our numbers and ``ratio_to_fluid``, all algorithms at the same batch-size limit
 B (the paper's rule; WAIT with its section 6.1 practical thresholds of B).
 
-Departures: the batch-time model is ours (roofline Llama-3-8B on an A100; ``d0, d1`` of the fluid
-bound are a least-squares fit of it); the paper's rates (thousands of req/s) overload one GPU, so
+Departures: the batch times are ours (the scenarios' ``calibrated:llama-3-8b/a100``, grounded in
+Vidur's A100 measurements, where the paper ran Vidur itself; ``d0, d1`` of the fluid bound are a
+least-squares fit of it); the paper's rates (thousands of req/s) overload one GPU, so
 the wait-high runs are the companion code's burst-then-drain, where ``ratio_to_fluid`` is far below
 1 and the capacity-aware (non-paper) ratio is reported too. The real-trace runs (Fig. 14) need the
 LMSYS trace and are not run.
