@@ -204,7 +204,7 @@ def _cell(v: dict[str, float], key: str) -> str:
     m, h = v["mean"], v["ci95"]
     if not np.isfinite(m):
         return "-"
-    digits = 0 if key in ("preemptions", "recomputed_tokens", "output_throughput") else 3
+    digits = 0 if key in ("preemptions", "recomputed_tokens", "output_throughput") else 1 if key.endswith("_ms") else 3
     if not np.isfinite(h):
         return f"{m:.{digits}f}"
     return f"{m:.{digits}f} ± {h:.{digits}f}"
@@ -454,9 +454,9 @@ def write_report(records: list[RunRecord], out: str | Path, meta: dict[str, Any]
         pairs = paired_vs_baselines(records, agg, a, exclude=agents)
         if pairs:
             md += [f"## {a}: paired per-seed differences in Mean E2EL (ms) against the five best baselines", "",
-                   "| load | baseline | baseline mean (s) | agent mean (s) | paired difference | verdict |",
+                   "| load | baseline | baseline mean (ms) | agent mean (ms) | paired difference | verdict |",
                    "|---|---|---:|---:|---:|---|"]
-            md += [f"| x{x['load']:g} | {x['baseline']} | {x['baseline_mean']:.3f} | {x['agent_mean']:.3f} | "
+            md += [f"| x{x['load']:g} | {x['baseline']} | {x['baseline_mean']:.1f} | {x['agent_mean']:.1f} | "
                    f"{100 * x['paired_rel']:+.1f}% ± {100 * x['paired_rel_ci95']:.1f}% | {x['verdict']} |" for x in pairs]
             md += [""]
             results.setdefault("paired", {})[a] = pairs

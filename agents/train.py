@@ -256,6 +256,21 @@ def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, 
                                                           "inexpressible_frac": frac}
 
 
+def set_action_bias(model: Any, value: float) -> None:
+    """Start a ``Box`` policy's mean action at ``value`` in every dimension (``action_bias`` in the
+    hyperparameter file): SB3 initialises the action layer with tiny weights (gain 0.01), so the
+    initial mean is about its bias. In ``priority`` mode a positive bias admits every visible request
+    in slot order at first (with ``order: shortest``, shortest first), and PPO adjusts the scores
+    from there instead of from a random subset."""
+    import torch
+    from gymnasium import spaces
+
+    if not isinstance(model.action_space, spaces.Box):
+        raise ValueError(f"action_bias: only for Box action spaces (priority, knob, tune), not {model.action_space}")
+    with torch.no_grad():
+        model.policy.action_net.bias.fill_(float(value))
+
+
 def behaviour_clone(model: Any, vecnorm: Any, obs: dict[str, np.ndarray], masks: np.ndarray, actions: np.ndarray,
                     epochs: int, batch_size: int = 256, seed: int = 0) -> dict[str, float]:
     """Pre-train the policy by cross-entropy on the masked action distribution
@@ -373,6 +388,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         }
         model = cls(hp.get("policy", "MultiInputPolicy"), venv, seed=cfg.seed, device="cpu", verbose=0,
                     tensorboard_log=str(run_dir / "tb"), policy_kwargs=policy_kwargs, **ppo_kw)
+        if "action_bias" in hp:
+            set_action_bias(model, hp["action_bias"])
 
     # 4. imitation warm start
     bc: dict[str, Any] = {}

@@ -1,9 +1,10 @@
 """The main job: train an agent on the default scenario and compare it with the baselines.
 
 1. every policy that applies to ``azure-conv`` runs on the validation workload (seed 99);
-2. a PPO agent trains in ``tune`` mode with the scenario's recipe (``agents/hyperparams/ppo.yml``):
-   at every decision it sets Sarathi-Serve's chunk size, and action 0 is Sarathi at its defaults,
-   so training starts at the best baseline; the model with the best validation score is kept;
+2. a PPO agent trains in ``priority`` mode with the scenario's recipe (``agents/hyperparams/ppo.yml``):
+   at every decision it scores the 16 shortest waiting requests (admitted by decreasing score,
+   none below 0) and the batch is formed like Sarathi-Serve's with a 256-token prefill budget; the
+   model with the best validation score is kept;
 3. the agent and the baselines run on held-out seeds (``llmsched evaluate``): the table (means with
    95% CIs) and the agent's paired per-seed differences against the five best baselines are
    printed, and ``report.md``, ``results.json``/``.csv`` and the plots are written to
@@ -21,8 +22,10 @@ import importlib.util
 import sys
 import time
 
-DEMO_TIMESTEPS = 60_000
-DEMO_POLICIES = ["fcfs", "vllm-v1", "vllm-v0", "sarathi", "sjf", "srpt", "mcsf", "vtc", "alpha-greedy",
+DEMO_TIMESTEPS = 600_000
+DEMO_MODE = "priority"
+"""The action mode of the main job's agent (its recipe is the scenario's entry in ppo.yml)."""
+DEMO_POLICIES = ["fcfs", "vllm-v1", "vllm-v0", "sarathi", "sjf", "srpt", "mcsf", "lpm", "vtc", "alpha-greedy",
                  "sglang-lpm", "echo-bs"]
 
 
@@ -78,15 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     if quick:
         policies = [n for n in ("fcfs", "sarathi", "sjf") if n in available()]
 
-    # the scenario's recipe in agents/hyperparams/ppo.yml (tune mode: action 0 is Sarathi at its
-    # defaults, so PPO starts at the best baseline and learns the chunk size per decision)
+    # the scenario's recipe in agents/hyperparams/ppo.yml
     hp = {"n_steps": 256, "batch_size": 128, "n_epochs": 2} if quick else {}
     overrides = {"workload.n_requests": args.train_requests} if args.train_requests else {}
     if quick:
         overrides.setdefault("workload.n_requests", 100)
-    print(f"[1/3] training PPO in tune mode on {args.scenario} ({timesteps} steps; recipe agents/hyperparams/ppo.yml)")
+    print(f"[1/3] training PPO in {DEMO_MODE} mode on {args.scenario} ({timesteps} steps; recipe agents/hyperparams/ppo.yml)")
     meta = train(TrainConfig(
-        scenario=args.scenario, name="train", out=args.out, timesteps=timesteps, env_kwargs={"action_mode": "tune"},
+        scenario=args.scenario, name="train", out=args.out, timesteps=timesteps, env_kwargs={"action_mode": DEMO_MODE},
         overrides=overrides, hyperparams=hp, validation_requests=150 if quick else None,
         checkpoint_every=max(timesteps // 4, 256), score_every=1, progress=not quick,
         max_minutes=None if quick else args.max_minutes,

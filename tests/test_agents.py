@@ -303,3 +303,21 @@ def test_bad_evaluate_input_is_one_line(capsys):
     rc = main(["compare", "--scenario", "jaillet-low", "--policies", "nope"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: policies: unknown 'nope'") and err.count("\n") == 1
+
+
+def test_action_bias_starts_a_box_policy_at_that_mean_action():
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    from agents.train import set_action_bias
+
+    env = gym.make("llmsched_gym:LLMSched-v0", scenario="azure-conv", action_mode="priority", order="shortest",
+                   K=8, budget=256, overrides={"workload.n_requests": 30})
+    model = PPO("MultiInputPolicy", env, seed=0, device="cpu", n_steps=64)
+    set_action_bias(model, 0.5)
+    obs, _ = env.reset(seed=0)
+    action, _ = model.predict(obs, deterministic=True)
+    assert action.shape == (8,) and np.allclose(action, 0.5, atol=0.05)
+    masked = gym.make("llmsched_gym:LLMSched-v0", scenario="azure-conv", overrides={"workload.n_requests": 30})
+    with pytest.raises(ValueError, match="action_bias: only for Box"):
+        set_action_bias(PPO("MultiInputPolicy", masked, device="cpu", n_steps=64), 0.5)
