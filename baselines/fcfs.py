@@ -4,7 +4,9 @@ Running requests always continue; waiting requests are admitted in queue (arriva
 their prompt plus one generated token fits in the free KV right now; admission stops at the first
 request that does not fit (strict head-of-line). With ``admission="reserve"`` a request is admitted
 only if every running and admitted request can finish without overflow (its full output is
-reserved), so nothing is ever evicted. A running request whose prefill another policy left unfinished
+reserved), so nothing is ever evicted; if nothing runs and the head's reservation exceeds the whole
+capacity (a predicted output longer than the true one), the head is started anyway (waiting would
+deadlock; any request that arrived fits, larger ones are rejected at arrival). A running request whose prefill another policy left unfinished
 (the env's ``meta`` mode) is finished first (:func:`~baselines.base.finish_prefills`).
 
 This is the plain engine exercise policy, not a paper's algorithm; the papers' FCFS variants
@@ -51,4 +53,8 @@ class FCFS(Scheduler):
                 break
             free -= need
             admit.append(rid)
+        if not (admit or cont or view.running) and view.waiting:
+            # the head's reservation exceeds the whole capacity (a predicted output longer than the
+            # true one): start it anyway, it fits (larger requests are rejected at arrival)
+            admit.append(view.waiting[0])
         return BatchPlan.admit(cont + admit, hold=not (cont or admit))

@@ -13,7 +13,9 @@ Batched use (§2.1): each iteration the policy builds its pick order over the wa
 admits along it while requests fit, stopping at the first that does not (head-of-line, as the
 project's ``fcfs``); memory is checked exactly like ``fcfs`` (``memory="reserve"``: running
 requests' remaining predicted output is reserved and a request needs its prompt plus predicted
-output; ``"fit"``: prompt plus one token fits now). ``max_batch`` caps the running set and
+output; ``"fit"``: prompt plus one token fits now). If nothing runs and the first pick's
+reservation exceeds the whole capacity (a predicted output longer than the true one), it is started
+anyway (waiting would deadlock; any request that arrived fits, larger ones are rejected at arrival). ``max_batch`` caps the running set and
 ``max_prefill_tokens`` the prompt tokens admitted per iteration (0: no cap).
 
 Departures from the paper, with reasons:
@@ -140,16 +142,19 @@ class _PrefixAware(Scheduler):
             return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
         free = self._free(view) - blocks * view.block_size
         room = self.max_batch - len(view.running) if self.max_batch else len(waiting)
-        if room <= 0 or self._min_need(view) > free:
+        idle = not (cont or view.running)
+        if room <= 0 or (self._min_need(view) > free and not idle):
             # nothing can start before a completion or an arrival, whatever the order
             return BatchPlan.admit(cont) if cont else BatchPlan.decode_only(hold=True)
         prompt = view.prompt_tokens
         admit: list[int] = []
         tokens = 0
+        first = -1
         for pos in self._order(view, waiting):
             if len(admit) >= room:
                 break
             rid = waiting[pos]
+            first = rid if first < 0 else first
             p = int(prompt[rid])
             if self.max_prefill_tokens and admit and tokens + p > self.max_prefill_tokens:
                 break
@@ -159,6 +164,8 @@ class _PrefixAware(Scheduler):
             free -= need
             tokens += p
             admit.append(rid)
+        if idle and not admit:  # the first pick's reservation exceeds the capacity: start it anyway
+            admit.append(first)
         self._consumed(len(admit), len(admit) == len(waiting))
         # something fits but the order's head does not: matches may change (LRU evictions), so
         # the policy must look again next iteration

@@ -92,9 +92,12 @@ def test_hyperparams_pick_ppo_for_priority_and_reject_maskable_knob():
         resolve(TrainConfig(hyperparams={"n_stepz": 3}))
 
 
-def test_azure_conv_tune_recipe_starts_at_sarathi_and_validates_on_the_test_size():
-    hp = resolve(TrainConfig(scenario="azure-conv", env_kwargs={"action_mode": "tune"}))
-    assert hp["algo"] == "ppo" and hp["env_kwargs"]["tune"] == {"chunk_size": [32, 8192]}
+def test_azure_conv_priority_recipe_admits_shortest_first_and_validates_on_the_test_size():
+    hp = resolve(TrainConfig(scenario="azure-conv", env_kwargs={"action_mode": "priority"}))
+    assert hp["algo"] == "ppo" and hp["action_bias"] == 0.5
+    kw = hp["env_kwargs"]
+    assert (kw["order"], kw["K"], kw["budget"]) == ("shortest", 16, 256)
+    assert kw["overrides"]["workload.trace.part"] == [0.0, 0.5]  # azure-conv-late stays held out
     assert hp["validation_requests"] == 1000  # the benchmark's test size
     assert resolve(TrainConfig(scenario="azure-conv", algo="ppo", validation_requests=200))["validation_requests"] == 200
     with pytest.raises(ValueError, match="hyperparams.validation_requests: expected an integer >= 1, got 0"):

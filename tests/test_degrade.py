@@ -68,6 +68,20 @@ def test_a_tiny_capacity_serves_the_requests_that_fit_and_rejects_the_rest(capsy
     assert not s["non_terminating"]
 
 
+@pytest.mark.parametrize("policy, params", [("fcfs", {"admission": "reserve"}), ("lpm", {}), ("k-lpm", {}),
+                                            ("sglang-lpm", {}), ("lpm", {"max_batch": 2})])
+def test_an_idle_engine_starts_a_head_whose_reservation_exceeds_the_capacity(policy, params):
+    """Predicted outputs longer than the true ones: requests 14 and 43 fit (112 and 108 of 119
+    tokens) but reserve 130; with nothing running they waited forever (found by the fuzzer)."""
+    r = simulate("jaillet-noisy", policy, 247, {"workload.n_requests": 63, "engine.kv_capacity_tokens": 119,
+                                                 "engine.latency_noise_cv": 0.3, "engine.stall_iterations": 3000},
+                 policy_params=params)
+    s = r.summary
+    assert not s["non_terminating"] and s["n_unfinished"] == 0
+    assert s["n_completed"] == 42 and s["n_rejected"] == 21
+    assert (r.iterations["kv_used"] <= r.iterations["kv_capacity"]).all()
+
+
 def _engine(draw, bs: int, mode: str) -> Engine:
     n = draw(st.integers(4, 14))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))

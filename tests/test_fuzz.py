@@ -1,13 +1,17 @@
 """Fuzzing: random scenario x policy x engine overrides, and a corpus of malformed traces.
 
-``test_random_configurations_keep_the_contracts`` draws a scenario, a registered policy, a seed and
-overrides (50-500 requests, KV capacity, block size, overflow handler, preemption mode, batch-time
-noise, horizon, whether prefill emits a token, prefix caching) and checks on every run:
+``test_random_configurations_keep_the_contracts`` draws a scenario, a registered policy, a seed,
+overrides (50-500 requests, or none one draw in fifty; KV capacity, block size, overflow handler,
+preemption mode, batch-time noise, horizon, whether prefill emits a token, prefix caching, fast
+forward, an iteration cap) and, one draw in three, some of the policy's parameters (numbers, flags,
+the admission/memory rule) and checks on every run:
 
 * the outcome is a summary, or the project's one-line error (a ``ValueError`` such as a policy that
   does not apply to the scenario), never a PlanError and never another exception;
 * conservation: every arrived request is completed, rejected with a reason, or reported unfinished;
 * memory: under ``overflow="forbid"`` the KV in use never exceeds the capacity;
+* liveness: a run the loop detector stops has something running (a thrashing policy), never an idle
+  engine with requests waiting (a policy that waits for room it already has);
 * determinism: the same seed gives the same summary and the same per-request table.
 
 CI runs a few derandomized examples (``tests/conftest.py``'s ``ci`` profile); run it longer locally
@@ -27,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baselines import available
+from baselines import available, policy_params
 from llmsched_gym.config import OVERFLOW_HANDLERS, PREEMPT_MODES
 from llmsched_gym.core import traces as T
 from llmsched_gym.core.scheduler import PlanError
@@ -43,12 +47,13 @@ EXAMPLES = int(os.environ.get("LLMSCHED_FUZZ_EXAMPLES", "40"))
 
 
 @st.composite
-def configurations(draw: st.DrawFn) -> tuple[str, str, int, dict]:
-    """A scenario, a policy, a seed and engine/workload overrides."""
+def configurations(draw: st.DrawFn) -> tuple[str, str, int, dict, dict]:
+    """A scenario, a policy, a seed, engine/workload overrides and policy parameters."""
     scenario = draw(st.sampled_from(sorted(SCENARIOS)))
     over: dict = {**SCENARIOS[scenario]}
     if scenario != "klpm-toy":  # an explicit 4-request workload
-        over["workload.n_requests"] = draw(st.integers(50, 500))
+        n = draw(st.integers(50, 509))
+        over["workload.n_requests"] = 0 if n > 500 else n  # an empty workload one draw in fifty
     if draw(st.booleans()):
         over["engine.kv_capacity_tokens"] = int(math.exp(draw(st.floats(math.log(300), math.log(200_000)))))
     if draw(st.booleans()):
@@ -65,17 +70,35 @@ def configurations(draw: st.DrawFn) -> tuple[str, str, int, dict]:
         over["engine.prefill_emits_token"] = draw(st.booleans())
     if draw(st.booleans()):
         over["engine.prefix_cache"] = draw(st.booleans())
-    return scenario, draw(st.sampled_from(available())), draw(st.integers(0, 2**31 - 1)), over
+    if draw(st.integers(0, 3)) == 0:
+        over["engine.fast_forward"] = draw(st.booleans())
+    if draw(st.integers(0, 3)) == 0:
+        over["engine.max_iterations"] = draw(st.integers(1, 5000))
+    policy = draw(st.sampled_from(available()))
+    params: dict = {}
+    if draw(st.integers(0, 2)) == 0:  # a few of the policy's parameters (invalid values: one-line errors)
+        for key, default in policy_params(policy).items():
+            if not draw(st.booleans()):
+                continue
+            if key in ("admission", "memory"):
+                params[key] = draw(st.sampled_from(["fit", "reserve", "peak"]))
+            elif isinstance(default, bool):
+                params[key] = draw(st.booleans())
+            elif isinstance(default, int):
+                params[key] = draw(st.sampled_from([0, 1, 2, 7, 64, 4096]))
+            elif isinstance(default, float):
+                params[key] = draw(st.sampled_from([0.0, 0.001, 0.5, 1.0, 2.0]))
+    return scenario, policy, draw(st.integers(0, 2**31 - 1)), over, params
 
 
-def check_configuration(scenario: str, policy: str, seed: int, over: dict) -> str:
+def check_configuration(scenario: str, policy: str, seed: int, over: dict, params: dict | None = None) -> str:
     """Run one configuration and assert the contracts; returns ``"ok"`` or ``"error: MESSAGE"``.
 
     The loop detector is set to 3,000 iterations without a completion (a policy that over-admits
     under ``clear_all`` thrashes until it fires; the default would take minutes to get there)."""
     over = {"engine.stall_iterations": 3000, **over}
     try:
-        r = simulate(scenario, policy, seed, over)
+        r = simulate(scenario, policy, seed, over, policy_params=params)
     except PlanError:
         raise  # a valid configuration must never abort
     except ValueError as e:  # the project's one-line errors (ConfigError, PolicyError, ...)
@@ -90,7 +113,9 @@ def check_configuration(scenario: str, policy: str, seed: int, over: dict) -> st
     assert rejected == set(e.reject_reason) and all(e.reject_reason[i] for i in rejected)
     if e.config.overflow == "forbid":
         assert (r.iterations["kv_used"] <= r.iterations["kv_capacity"]).all()
-    again = simulate(scenario, policy, seed, over)
+    if s["non_terminating"]:
+        assert r.iterations["n_running"][-1] > 0, f"{policy} waits with an idle engine: {s['stop_reason']}"
+    again = simulate(scenario, policy, seed, over, policy_params=params)
     assert {k: v for k, v in again.summary.items() if k != "wall_time_s"} == {
         k: v for k, v in s.items() if k != "wall_time_s"}
     for col, values in r.requests.items():
@@ -111,6 +136,7 @@ def test_random_configurations_keep_the_contracts(config):
     ("azure-conv", "echo-bs-e", 692495, {"workload.n_requests": 121, "engine.kv_capacity_tokens": 5939,
                                          "engine.block_size": 32, "engine.preempt_mode": "swap"}),
     ("jaillet-low", "fcfs", 0, {"workload.n_requests": 0}),
+    ("vtc-arena", "vtc", 0, {"workload.n_requests": 0}),  # the fairness summary indexed the first arrival
     ("klpm-toy", "fcfs", 31, {"engine.block_size": 16, "engine.overflow": "swap"}),  # divided by 0 blocks
 ])
 def test_reported_configurations_keep_the_contracts(scenario, policy, seed, over):

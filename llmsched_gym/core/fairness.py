@@ -196,7 +196,10 @@ def throughput_in_out(run: Run) -> float:
     result = _Records(run)
     req = result.requests
     m = req["state"] == DONE
-    span = float(result.engine.clock) - float(result.engine.workload.arrival_s[0])
+    arrivals = result.engine.workload.arrival_s
+    if not len(arrivals):  # an empty workload (n_requests=0)
+        return 0.0
+    span = float(result.engine.clock) - float(arrivals[0])
     return float((req["prompt_tokens"][m].sum() + req["output_tokens"][m].sum()) / max(span, 1e-12))
 
 
