@@ -256,19 +256,31 @@ def collect_demonstrations(scenario: str, env_kwargs: dict, policy: str | dict, 
                                                           "inexpressible_frac": frac}
 
 
-def set_action_bias(model: Any, value: float) -> None:
-    """Start a ``Box`` policy's mean action at ``value`` in every dimension (``action_bias`` in the
-    hyperparameter file): SB3 initialises the action layer with tiny weights (gain 0.01), so the
-    initial mean is about its bias. In ``priority`` mode a positive bias admits every visible request
-    in slot order at first (with ``order: shortest``, shortest first), and PPO adjusts the scores
-    from there instead of from a random subset."""
+def set_action_bias(model: Any, value: float | list[float]) -> None:
+    """Start a ``Box`` policy's mean action exactly at ``value`` (``action_bias`` in the hyperparameter
+    file): a number for every dimension, or a list with one number per dimension, each in [-1, 1].
+
+    The action layer's weights are zeroed and its bias set, so the initial mean action is ``value``
+    whatever the observation (its weights still get gradients: PPO moves off it from the first
+    update). In ``priority`` mode a decreasing list such as ``[0.9, 0.85, ..., 0.15]`` admits every
+    visible request in slot order (with ``order: shortest``, shortest first) with margins that the
+    first updates do not reshuffle; equal scores would keep slot order too, but any small change of
+    the weights would reorder them arbitrarily."""
     import torch
     from gymnasium import spaces
 
     if not isinstance(model.action_space, spaces.Box):
         raise ValueError(f"action_bias: only for Box action spaces (priority, knob, tune), not {model.action_space}")
+    dims = int(np.prod(model.action_space.shape))
+    try:
+        bias = np.full(dims, float(value)) if np.ndim(value) == 0 else np.array(value, dtype=float)
+    except (TypeError, ValueError):
+        bias = np.array([np.nan])
+    if bias.shape != (dims,) or not np.all(np.abs(bias) <= 1.0):
+        raise ValueError(f"action_bias: expected a number or {dims} numbers, each in [-1, 1], got {value!r}")
     with torch.no_grad():
-        model.policy.action_net.bias.fill_(float(value))
+        model.policy.action_net.weight.zero_()
+        model.policy.action_net.bias.copy_(torch.as_tensor(bias, dtype=model.policy.action_net.bias.dtype))
 
 
 def behaviour_clone(model: Any, vecnorm: Any, obs: dict[str, np.ndarray], masks: np.ndarray, actions: np.ndarray,

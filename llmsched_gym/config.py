@@ -265,7 +265,7 @@ HYPERPARAMS: dict[str, Setting] = {
     "env_kwargs": Setting("dict"),
     "bc": Setting("dict"),
     "validation_requests": Setting("int", ge=1),
-    "action_bias": Setting("float", ge=-1, le=1),
+    "action_bias": Setting(("float", "list"), ge=-1, le=1),  # a list: one per action dimension
 }
 LINEAR_SCHEDULE_KEYS = ("learning_rate", "clip_range")
 """Hyperparameters that may also be ``lin_START``: a linear decay from START to 0 (rl-zoo's notation)."""

@@ -94,7 +94,7 @@ def test_hyperparams_pick_ppo_for_priority_and_reject_maskable_knob():
 
 def test_azure_conv_priority_recipe_admits_shortest_first_and_validates_on_the_test_size():
     hp = resolve(TrainConfig(scenario="azure-conv", env_kwargs={"action_mode": "priority"}))
-    assert hp["algo"] == "ppo" and hp["action_bias"] == 0.5
+    assert hp["algo"] == "ppo" and hp["action_bias"] == sorted(hp["action_bias"], reverse=True)  # shortest first
     kw = hp["env_kwargs"]
     assert (kw["order"], kw["K"], kw["budget"]) == ("shortest", 16, 256)
     assert kw["overrides"]["workload.trace.part"] == [0.0, 0.5]  # azure-conv-late stays held out
@@ -308,7 +308,7 @@ def test_bad_evaluate_input_is_one_line(capsys):
     assert rc == 2 and err.startswith("error: policies: unknown 'nope'") and err.count("\n") == 1
 
 
-def test_action_bias_starts_a_box_policy_at_that_mean_action():
+def test_action_bias_starts_a_box_policy_exactly_at_that_mean_action():
     import gymnasium as gym
     from stable_baselines3 import PPO
 
@@ -320,7 +320,15 @@ def test_action_bias_starts_a_box_policy_at_that_mean_action():
     set_action_bias(model, 0.5)
     obs, _ = env.reset(seed=0)
     action, _ = model.predict(obs, deterministic=True)
-    assert action.shape == (8,) and np.allclose(action, 0.5, atol=0.05)
+    assert action.shape == (8,) and np.array_equal(action, np.full(8, 0.5, np.float32))
+    ramp = np.linspace(0.9, 0.2, 8)
+    set_action_bias(model, list(ramp))
+    for _ in range(3):  # whatever the observation
+        action, _ = model.predict(obs, deterministic=True)
+        assert np.allclose(action, ramp)
+        obs, *_ = env.step(action)
+    with pytest.raises(ValueError, match=r"action_bias: expected a number or 8 numbers, each in \[-1, 1\]"):
+        set_action_bias(model, [0.5, 0.2])
     masked = gym.make("llmsched_gym:LLMSched-v0", scenario="azure-conv", overrides={"workload.n_requests": 30})
     with pytest.raises(ValueError, match="action_bias: only for Box"):
         set_action_bias(PPO("MultiInputPolicy", masked, device="cpu", n_steps=64), 0.5)

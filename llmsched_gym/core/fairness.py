@@ -113,7 +113,7 @@ def _cumulative(start: np.ndarray, end: np.ndarray, amount: np.ndarray, times: n
     for i in range(0, len(start), chunk):
         a, b, w = start[i:i + chunk], end[i:i + chunk], amount[i:i + chunk]
         span = b - a
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # clipped to [0, 1] below
             frac = np.where(span > 0, np.clip((t - a) / np.where(span > 0, span, 1.0), 0.0, 1.0), t >= a)
         out += frac @ w
     return out
