@@ -135,7 +135,7 @@ class OnlineKVPredictor:
         buckets = self._buckets
         buckets.append((self._cur, self._sum / self._n))
         horizon = self._cur - int(self.window_s // self.bucket_s)
-        while buckets and buckets[0][0] <= horizon:
+        while len(buckets) > 1 and buckets[0][0] <= horizon:  # the newest bucket stays (window < bucket)
             buckets.popleft()
         v = np.fromiter((x for _, x in buckets), dtype=np.float64, count=len(buckets))
         self.prediction = float(v.mean() + self.k_sigma * v.std())

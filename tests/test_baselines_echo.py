@@ -308,3 +308,12 @@ def test_family_members_are_the_papers_cumulative_build_up():
             for c in [type(make_policy(p))] if issubclass(c, EchoFamily)}
     assert axes == {"echo-bs": (False, False, False), "echo-bs-e": (True, False, False),
                     "echo-bs-e-s": (True, True, False), "echo": (True, True, True)}
+
+
+def test_kv_predictor_with_a_window_shorter_than_a_bucket_predicts_the_last_bucket():
+    """A window under one bucket used to drop every bucket, and the prediction became NaN (found by
+    the fuzzer drawing ``window_s`` from the policy's parameters)."""
+    p = OnlineKVPredictor(window_s=0.5, k_sigma=2.0, bucket_s=1.0)
+    for now, demand in [(0.1, 100.0), (0.7, 300.0), (1.2, 50.0), (2.5, 80.0)]:
+        p.observe(now, demand)
+    assert p.prediction == 50.0  # the closed bucket [1, 2): one sample, no deviation
