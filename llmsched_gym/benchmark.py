@@ -359,6 +359,9 @@ def leaderboard(results: dict[str, Any]) -> str:
                 name_cell += f" (= {row['same_as']})"
             lines.append(f"| {name_cell} | {row['kind']} | {row['mean']:.4g}{ci} | {row['std']:.3g} | {paired} | {norm} |")
         lines.append("")
+        skipped = results.get("skipped", {}).get(name, {})
+        if skipped:
+            lines += ["Not scored on this task:", "", *(f"* {who}: {why}" for who, why in skipped.items()), ""]
     return "\n".join(lines)
 
 

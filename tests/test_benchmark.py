@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from llmsched_gym.benchmark import TASKS, Entry, normalised, run_benchmark, score_task
+from llmsched_gym.benchmark import TASKS, Entry, leaderboard, normalised, run_benchmark, score_task
 from llmsched_gym.cli import main
 
 
@@ -40,6 +40,11 @@ def test_quick_benchmark_scores_the_best_baseline_one_and_fcfs_zero(tmp_path):
     text = (out / "leaderboard.md").read_text()
     assert "## azure-conv (Mean E2EL (ms), lower is better)" in text and "(incomplete)" in text
     assert (out / "scores.png").stat().st_size > 1000
+    # an entrant that is not scored on a task is listed under it with the reason, never dropped
+    res["skipped"] = {"azure-conv": {"runs/x": "runs/x was trained on jaillet-high, not azure-conv"}}
+    board = leaderboard(res)
+    assert "Not scored on this task:\n\n* runs/x: runs/x was trained on jaillet-high, not azure-conv" in board
+    assert board.index("* runs/x") < board.index("## jaillet-high")
 
 
 def test_higher_is_better_tasks_and_ties_score_as_documented():
