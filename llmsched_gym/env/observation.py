@@ -302,6 +302,7 @@ class ObservationBuilder:
         if self.budgets and self.timed:
             self.bt_want = -1
             self.bt_filled = 0
+            self.bt_last = 0.0  # the largest filled budget's time
             if n_dec <= self.min_budget:  # the usual case: no budget pauses a decode
                 self.bt_room, self.bt_d, self.bt_at = self.sorted_budgets(n_dec)
             else:
@@ -318,7 +319,12 @@ class ObservationBuilder:
 
         Within a boundary the prefill tokens wanted only grow, so a budget, once filled, keeps its
         value; every budget not filled yet is larger than the decodes and prefills everything
-        wanted, so they share one value: one latency-model call per step."""
+        wanted, so they share one value: one latency-model call per step.
+
+        A larger budget's batch contains a smaller one's, so its value is at least the smaller
+        one's: the latency models see only sums (the batch's mean chunk and context), and adding a
+        short prompt can lower their attention estimate by a few percent; the running maximum
+        keeps the values in budget order."""
         dp = self.dp
         n_dec, dec_ctx, mid, owed, mid_ctx = self.shape
         want = owed + dp.sel_tokens
@@ -327,14 +333,17 @@ class ObservationBuilder:
         self.bt_want = want
         lat, chunks, base = self.e.latency, mid + len(dp.sel), self.base
         rooms, k, where = self.bt_room, self.bt_filled, self.bt_at
+        last = self.bt_last
         while k < len(rooms) and rooms[k] <= want:  # newly filled: p = its room, for good
             p, d = rooms[k], self.bt_d[k]
             t = lat.batch_time(p, p + mid_ctx, chunks if p else 0, d, int(dec_ctx * d / n_dec) if n_dec else 0)
-            base[where[k]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+            last = t if t > last else last
+            base[where[k]] = min(math.log1p(last * self.inv_unit) * self.inv_log_time, 1.0)
             k += 1
-        self.bt_filled = k
+        self.bt_filled, self.bt_last = k, last
         if k < len(rooms):  # the others: everything wanted, every decode
             t = lat.batch_time(want, want + mid_ctx, chunks if want else 0, n_dec, dec_ctx)
+            t = t if t > last else last
             base[where[k:]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
 
     def sorted_budgets(self, n_dec: int):
