@@ -96,7 +96,7 @@ def test_azure_conv_priority_recipe_admits_shortest_first_and_validates_on_the_t
     hp = resolve(TrainConfig(scenario="azure-conv", env_kwargs={"action_mode": "priority"}))
     assert hp["algo"] == "ppo" and hp["action_bias"] == sorted(hp["action_bias"], reverse=True)  # shortest first
     kw = hp["env_kwargs"]
-    assert (kw["order"], kw["K"], kw["budget"]) == ("prompt", 16, 256)
+    assert (kw["order"], kw["K"], kw["budget"]) == ("shortest", 16, 256)
     assert kw["overrides"]["workload.trace.part"] == [0.0, 0.5]  # azure-conv-late stays held out
     assert hp["validation_requests"] == 1000  # the benchmark's test size
     assert resolve(TrainConfig(scenario="azure-conv", algo="ppo", validation_requests=200))["validation_requests"] == 200
