@@ -29,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 ADMISSION_RULES = ("current", "future", "none")
+_NO_PEAK = -(1 << 62)
+"""The prefix maximum before the first resident (below any peak: a line's peak is at least 1)."""
 
 
 class FutureProfile:
@@ -38,44 +40,45 @@ class FutureProfile:
     :param max_residents: an upper bound on the number of residents (the workload size).
     """
 
-    __slots__ = ("capacity", "_desc", "_cs", "_table", "_buf", "peak")
+    __slots__ = ("capacity", "_desc", "_cs", "_suffix", "_prefix_max", "peak")
 
     def __init__(self, capacity_tokens: int, max_residents: int) -> None:
         self.capacity = int(capacity_tokens)
         self._desc = np.arange(max_residents + 1, 0, -1, dtype=np.int64)
-        # rows [o:] of this buffer are the table of n = max_residents - o residents: its third
-        # column (residents at or after row k, + 1) is the same descending run for every n
-        self._buf = np.empty((max_residents + 1, 3))
-        self._buf[:, 2] = self._desc
         self.build(np.empty(0, np.int64), np.empty(0, np.int64))
 
     def build(self, c: np.ndarray, base: np.ndarray) -> None:
         """Residents with completion points ``c`` (iterations from now, >= 1, sorted ascending) and
-        lines ``base``."""
+        lines ``base``.
+
+        Two flat tables indexed by ``k``, the first resident completing at or after a candidate's
+        point: ``_suffix[k]``, the residents' bases from ``k`` on, and ``_prefix_max[k]``, the
+        highest peak ``F(c_x) + c_x`` among the residents before ``k`` (``_NO_PEAK``: none). Integers
+        throughout: numpy's casting paths cost more than the arithmetic on arrays this small."""
         n = len(c)
-        table = self._buf[len(self._buf) - n - 1:]
-        table[0, 0] = -np.inf
-        table[n, 1] = 0.0
+        suffix = np.zeros(n + 1, np.int64)
+        prefix_max = np.empty(n + 1, np.int64)
+        prefix_max[0] = _NO_PEAK
         if n:
-            suffix = base[::-1].cumsum()[::-1]
-            table[:n, 1] = suffix
+            np.add.accumulate(base[::-1], out=suffix[n - 1::-1])
             # F at each point (exact at the first of equal points, lower at the others: harmless
             # for the maxima below, which the first of the group attains)
-            f = suffix + c * self._desc[len(self._desc) - n:]
+            f = suffix[:n] + c * self._desc[len(self._desc) - n:]
             self.peak = int(f.max())
-            np.maximum.accumulate(f + c, out=table[1:, 0])
+            np.maximum.accumulate(f + c, out=prefix_max[1:])
         else:
             self.peak = 0
-        self._cs, self._table = c, table
+        self._cs, self._suffix, self._prefix_max = c, suffix, prefix_max
 
     def room(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Tokens to spare for each candidate ``(c[i], base[i])``: ``M`` minus the worst peak it
         would create up to its completion (the peaks before ``c``, a prefix maximum, and its own
-        at ``c``). It fits iff ``room >= 0``; with ``x`` more tokens held throughout, iff
-        ``room >= x``."""
-        row = self._table[np.searchsorted(self._cs, c, side="left")]
-        own = row[:, 1] + c * row[:, 2]
-        return self.capacity - base - np.maximum(row[:, 0], own)
+        at ``c``: the residents from ``k`` on and itself, ``n + 1 - k`` lines). It fits iff
+        ``room >= 0``; with ``x`` more tokens held throughout, iff ``room >= x``."""
+        cs = self._cs
+        k = cs.searchsorted(c)
+        own = self._suffix[k] + c * (len(cs) + 1 - k)
+        return self.capacity - base - np.maximum(self._prefix_max[k], own)
 
     def fits(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Whether each candidate alone keeps every peak up to its completion within capacity."""

@@ -118,6 +118,7 @@ class DecisionPoint:
         self.residents_ok = False
         self.profile_ok = False
         self.row_upto = self.room_upto = 0
+        self.win_len = -1
         running = e.running
         growth = 0
         if running:
@@ -160,7 +161,7 @@ class DecisionPoint:
         self.residents_ok = False
         run = self.survivors()
         self.run_list = run
-        ids = np.array(run, np.int64)
+        ids = np.fromiter(run, np.int64, len(run))
         kvt = self.kvt[ids]
         rem = self.pred[ids] - self.gen[ids]
         np.maximum(rem, 1, out=rem)
@@ -367,11 +368,16 @@ class DecisionPoint:
     def window(self, covered: int) -> tuple[np.ndarray | None, int]:
         """Queue entries the slots may show before the caches filled up to ``covered`` run out
         (``None`` while they last); caches are filled K entries ahead, so that a run of selections
-        (each shifts the slots by one) needs no refill."""
+        (each shifts the slots by one) needs no refill. The queue does not change within a
+        boundary, so both caches (queue rows, rooms) share one array of the entries."""
         need = self.K + len(self.sel)
         if need <= covered:
             return None, covered
-        return np.array(self.queue[: need + self.K], np.int64), need + self.K
+        m = need + self.K
+        if m != self.win_len:
+            self.win_len = m
+            self.win = np.array(self.queue[:m], np.int64)
+        return self.win, m
 
     def rooms(self, ids: np.ndarray) -> np.ndarray:
         """Eq. (1) room of requests ``ids`` against the running requests (cached per boundary)."""

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.engine import Counters
 from llmsched_gym.core.metrics import client_service
 
 if TYPE_CHECKING:
@@ -73,10 +72,13 @@ def _finite(value, name: str) -> float:
 
 @dataclass(slots=True)
 class _Totals:
-    """The episode's running totals that the components difference: the engine's counters plus
-    the tracker's own (the latency cost, the fairness gap, SLO misses per class)."""
+    """The episode's running totals that the components difference: the two engine counters the
+    components read (copied as plain integers: a whole ``Counters.snapshot()`` per step costs more
+    than the rest of the reward) plus the tracker's own (the latency cost, the fairness gap, SLO
+    misses per class)."""
 
-    engine: Counters
+    decoded: int
+    recomputed: int
     cost: float = 0.0
     diff: float = 0.0
     viol_online: int = 0
@@ -100,7 +102,7 @@ class RewardTracker:
         self._sum_done = 0.0  # completion (or rejection) times of the requests that left
         self._n_done = 0
         self._viol = [0, 0]
-        self._prev = _Totals(engine.counters.snapshot())
+        self._prev = _Totals(engine.counters.total_decoded, engine.counters.recomputed_tokens_total)
         self.has_slo = wl.has_slo
         self.multi_client = wl.n_clients > 1
         if self.has_slo:
@@ -137,7 +139,8 @@ class RewardTracker:
         diff = self._service_diff() if self.multi_client else 0.0
         if self.has_slo:
             self._ttft_deadlines(e.clock)
-        return _Totals(e.counters.snapshot(), cost, diff, self._viol[0], self._viol[1])
+        c = e.counters
+        return _Totals(c.total_decoded, c.recomputed_tokens_total, cost, diff, self._viol[0], self._viol[1])
 
     def collect(self) -> tuple[float, dict[str, float]]:
         now, prev = self._totals(), self._prev
@@ -145,8 +148,8 @@ class RewardTracker:
         d_on, d_off = now.viol_online - prev.viol_online, now.viol_offline - prev.viol_offline
         comps = {
             "latency": prev.cost - now.cost,
-            "throughput": float(now.engine.total_decoded - prev.engine.total_decoded),
-            "eviction": float(prev.engine.recomputed_tokens_total - now.engine.recomputed_tokens_total),
+            "throughput": float(now.decoded - prev.decoded),
+            "eviction": float(prev.recomputed - now.recomputed),
             "slo": 0.0,
             "fairness": prev.diff - now.diff,
         }
