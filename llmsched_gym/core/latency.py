@@ -221,6 +221,19 @@ class AffineLatency(LatencyModel):
         return self.decode_base_s + self.decode_per_seq_s * n_decode + self.decode_per_kv_s * (ctx + n_decode)
 
 
+def attention_pairs(prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int,
+                    decode_ctx_tokens: int) -> float:
+    """(query, key) pairs of an iteration's attention: each decode token attends to its context and
+    itself; a prefill chunk of ``q`` tokens ending at context ``C`` attends causally to
+    ``q*C - q*q/2 + q/2`` pairs, evaluated at the batch's mean chunk and context (only the sums
+    reach the latency models)."""
+    pairs: float = decode_ctx_tokens + n_decode
+    if n_prefill > 0:
+        pairs += (prefill_tokens * prefill_ctx_tokens - 0.5 * prefill_tokens * prefill_tokens) / n_prefill \
+            + 0.5 * prefill_tokens
+    return pairs
+
+
 class RooflineLatency(LatencyModel):
     """Roofline estimate from a model and a GPU: ``max(compute, memory) + overhead_s``.
 
@@ -283,11 +296,7 @@ class RooflineLatency(LatencyModel):
         self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
     ) -> float:
         tokens = prefill_tokens + n_decode
-        pairs: float = decode_ctx_tokens + n_decode
-        if n_prefill > 0:
-            pairs += (
-                prefill_tokens * prefill_ctx_tokens - 0.5 * prefill_tokens * prefill_tokens
-            ) / n_prefill + 0.5 * prefill_tokens
+        pairs = attention_pairs(prefill_tokens, prefill_ctx_tokens, n_prefill, n_decode, decode_ctx_tokens)
         compute = self._s_per_token * tokens + self._s_per_pair * pairs
         memory = self._s_weights + self._s_per_kv * (prefill_ctx_tokens + decode_ctx_tokens + tokens)
         return (compute if compute > memory else memory) + self.overhead_s
@@ -350,11 +359,7 @@ class SummedLatency(LatencyModel):
         self, prefill_tokens: int, prefill_ctx_tokens: int, n_prefill: int, n_decode: int, decode_ctx_tokens: int
     ) -> float:
         tokens = prefill_tokens + n_decode
-        pairs: float = decode_ctx_tokens + n_decode
-        if n_prefill > 0:
-            pairs += (
-                prefill_tokens * prefill_ctx_tokens - 0.5 * prefill_tokens * prefill_tokens
-            ) / n_prefill + 0.5 * prefill_tokens
+        pairs = attention_pairs(prefill_tokens, prefill_ctx_tokens, n_prefill, n_decode, decode_ctx_tokens)
         compute = self._s_per_pair * pairs
         memory = self._s_per_kv * (prefill_ctx_tokens + decode_ctx_tokens + tokens)
         attn = compute if compute > memory else memory

@@ -63,13 +63,13 @@ def _ms_stats(name: str, seconds: np.ndarray, weights: np.ndarray | None = None)
     return dict(zip(keys, (mean, float(pct[0]), std, float(pct[1]), float(pct[2])), strict=True))
 
 
-def serving_metrics(engine: Engine, span: float, n_good: int | None = None) -> dict[str, float]:
+def serving_metrics(engine: Engine, span: float) -> dict[str, float]:
     """The run's figures as ``vllm bench serve`` names them (its result JSON's keys).
 
     ``completed``, ``duration`` (s), ``total_input_tokens`` and ``total_output_tokens`` of the
     completed requests, ``request_throughput`` (req/s), ``output_throughput`` and
-    ``total_token_throughput`` (tok/s), ``request_goodput`` (req/s meeting their SLOs, only when
-    the workload has SLOs), and ``{mean,median,std,p90,p99}_{ttft,tpot,itl,e2el}_ms``.
+    ``total_token_throughput`` (tok/s), and ``{mean,median,std,p90,p99}_{ttft,tpot,itl,e2el}_ms``;
+    :func:`summarize` adds ``request_goodput`` (req/s meeting their SLOs) when the workload has SLOs.
 
     TTFT, TPOT and E2EL are per completed request (TPOT over requests with more than one output
     token), as vLLM computes them. ITL is per output token after the first: the mean is exact
@@ -95,8 +95,6 @@ def serving_metrics(engine: Engine, span: float, n_good: int | None = None) -> d
     r["request_throughput"] = r["completed"] / span
     r["output_throughput"] = r["total_output_tokens"] / span
     r["total_token_throughput"] = (r["total_input_tokens"] + r["total_output_tokens"]) / span
-    if n_good is not None:
-        r["request_goodput"] = n_good / span
     log = engine.log.columns()
     itl = _ms_stats("itl", log["duration"], log["n_decode"])
     if gaps.sum():
