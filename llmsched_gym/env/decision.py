@@ -30,6 +30,8 @@ ORDERS = ("arrival", "shortest", "prompt", "deadline")
 _EDGES = list(obs_mod.REMAINING_BIN_EDGES)
 _EDGES_ARRAY = np.array(_EDGES, np.int64)
 N_BINS = len(_EDGES) + 1
+_NO_HIST = np.zeros(N_BINS, np.int64)
+_NO_HIST.flags.writeable = False
 
 
 class DecisionPoint:
@@ -48,6 +50,7 @@ class DecisionPoint:
         self.max_num_seqs = max_num_seqs
         self._false = np.zeros(k, bool)
         self._ones = np.ones(k, bool)
+        self.version = 0  # counts the changes of the slots and the batch being formed (masks cache)
 
     # ------------------------------------------------------------------------------------------
     # episode
@@ -104,11 +107,12 @@ class DecisionPoint:
         """A new boundary: free blocks, queue order, slots and admissibility."""
         e = self.e
         self.bid += 1
+        self.version += 1
         self.sel = []
         self.sel_set = set()
         self.sel_blocks = 0
         self.sel_tokens = 0
-        self.sel_hist = np.zeros(N_BINS, np.int64)
+        self.sel_hist = _NO_HIST  # a fresh array at the first choice (most boundaries choose none)
         self.sel_c: list[int] = []
         self.sel_b: list[int] = []
         self.sel_peaks = 0
@@ -252,17 +256,21 @@ class DecisionPoint:
     def fill_slots(self, slots: list[int]) -> None:
         """Show ``slots`` (queue entries not chosen yet) and evaluate the admission rule on them."""
         k = self.K
+        self.version += 1
         self.slots = slots
         n = len(slots)
         # padded with the all-zero feature row, so one gather builds the queue observation
-        self.ids_pad = np.array(slots + self.pad_ids[: k - n] if n < k else slots, np.int64)
-        ids = self.ids = self.ids_pad[:n]
+        if n == k:
+            self.ids_pad = ids = self.ids = np.array(slots, np.int64)
+        else:
+            self.ids_pad = np.array(slots + self.pad_ids[: k - n], np.int64)
+            ids = self.ids = self.ids_pad[:n]
         self.fits_now = fits = self.need[ids] <= self.free - self.sel_blocks
         self.fits_future = None
         if self.admission == "current":
             ok = fits
         elif self.admission == "none":
-            ok = self._ones[:n]
+            ok = self._ones if n == k else self._ones[:n]
         else:
             ok = self.fits_future = self.future_fits(ids)
         m = self.max_num_seqs
@@ -293,6 +301,8 @@ class DecisionPoint:
         c, b = int(self.cand_c[rid]), int(self.cand_b[rid])
         self.sel_blocks += int(self.need[rid])
         self.sel_tokens += int(self.target[rid] - self.prefilled[rid])
+        if not self.sel_c:
+            self.sel_hist = np.zeros(N_BINS, np.int64)
         self.sel_c.append(c)
         self.sel_b.append(b)
         self.sel_peaks += c + b

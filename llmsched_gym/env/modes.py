@@ -98,7 +98,7 @@ class SelectMode(Mode):
         self.preempt0 = self.K + self.B
         self._blank = np.zeros(self.n, bool)  # the launch actions are always valid
         self._blank[self.launch0:self.preempt0] = True
-        self._mask_key: tuple | None = None
+        self._mask_version = -1
 
     @property
     def space(self):
@@ -106,9 +106,8 @@ class SelectMode(Mode):
 
     def masks(self) -> np.ndarray:
         dp = self.dp
-        key = (self.env._episode, dp.bid, len(dp.sel), len(dp.victims))
-        if key != self._mask_key:  # unchanged until the batch being formed changes
-            self._mask_key = key
+        if dp.version != self._mask_version:  # unchanged until the slots or the batch change
+            self._mask_version = dp.version
             m = self._mask = self._blank.copy()
             m[: len(dp.ok)] = dp.ok
             if len(self.env.engine.running) > len(dp.victims):

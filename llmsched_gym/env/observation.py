@@ -207,7 +207,8 @@ class ObservationBuilder:
             self.budget_list = [big if b is None else b for b in self.budgets]
             self.min_budget = min(self.budget_list)
             self.room_order = sorted(range(len(self.budget_list)), key=self.budget_list.__getitem__)
-            self.room_at = self.b0 + np.array(self.room_order)
+            self.room_at = self.value_slots(self.room_order)
+            self.slots_of: dict[tuple, tuple] = {}  # value_slots of the orders when decodes pause
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prompt (+ generated tokens) and remaining output changed."""
@@ -310,7 +311,10 @@ class ObservationBuilder:
                 room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
                 order = sorted(range(len(room)), key=room.__getitem__)
                 self.bt_room, self.bt_d = [room[j] for j in order], [d[j] for j in order]
-                self.bt_at = self.b0 + np.array(order)
+                key = tuple(order)
+                if key not in self.slots_of:
+                    self.slots_of[key] = self.value_slots(order)
+                self.bt_at = self.slots_of[key]
 
     def _batch_times(self) -> None:
         """Predicted duration of the next batch for each launch budget (the latency model's
@@ -332,7 +336,7 @@ class ObservationBuilder:
             return
         self.bt_want = want
         lat, chunks, base = self.e.latency, mid + len(dp.sel), self.base
-        rooms, k, where = self.bt_room, self.bt_filled, self.bt_at
+        rooms, k, (where, rest) = self.bt_room, self.bt_filled, self.bt_at
         last = self.bt_last
         while k < len(rooms) and rooms[k] <= want:  # newly filled: p = its room, for good
             p, d = rooms[k], self.bt_d[k]
@@ -344,7 +348,19 @@ class ObservationBuilder:
         if k < len(rooms):  # the others: everything wanted, every decode
             t = lat.batch_time(want, want + mid_ctx, chunks if want else 0, n_dec, dec_ctx)
             t = t if t > last else last
-            base[where[k:]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+            base[rest[k]] = min(math.log1p(t * self.inv_unit) * self.inv_log_time, 1.0)
+
+    def value_slots(self, order: list[int]) -> tuple[list[int], list]:
+        """Where the budgets' values go, in ``order`` (budget indices): each one's position in
+        the vector, and for each ``k`` an index of the positions of ``order[k:]`` (the budgets not
+        filled yet), a slice when they are contiguous (the default budgets: the largest ones)."""
+        where = [self.b0 + j for j in order]
+        rest = []
+        for k in range(len(where) + 1):
+            tail = where[k:]
+            contiguous = tail and max(tail) - min(tail) == len(tail) - 1
+            rest.append(slice(min(tail), max(tail) + 1) if contiguous else np.array(tail, np.int64))
+        return where, rest
 
     def sorted_budgets(self, n_dec: int):
         """Budgets sorted by the prefill room they leave after ``n_dec`` decodes, and where each
