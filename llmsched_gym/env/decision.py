@@ -132,6 +132,7 @@ class DecisionPoint:
                 growth = self.running_set()
         self.free = self.cap_blocks - e.kv.used_blocks - growth
         w = e.waiting
+        self.n_waiting = len(w)
         if not w:
             self.queue = self.slots = []
             self.qpos = 0
@@ -195,6 +196,8 @@ class DecisionPoint:
         # KV + owed + emitted = base - pad + 1 in both cases
         if bs == 1:
             growth = n + self.shape[3] - (0 if emit else self.shape[2])
+        elif self.run_left is None:  # decodes only: a new block where the last one is full
+            growth = int(np.count_nonzero(kvt % bs == 0))
         else:
             growth = int(((base + 1) // bs - (kvt + pad) // bs).sum())
         self.n_run = n

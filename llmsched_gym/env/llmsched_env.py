@@ -601,7 +601,7 @@ class LLMSchedEnv(gym.Env):
 
     def _info(self, comps: dict[str, float] | None) -> dict[str, Any]:
         info: dict[str, Any] = {
-            "action_mask": self._mode.masks().view(np.int8),
+            "action_mask": self._mode.info_mask(),
             "reward_components": comps if comps is not None else self._zeros.copy(),
             "invalid_actions": self._n_invalid,
             "clock_s": self.engine.clock,

@@ -60,6 +60,10 @@ class Mode:
         dp = self.dp
         return np.concatenate((dp.ok, np.zeros(self.K - len(dp.slots), bool)))
 
+    def info_mask(self) -> np.ndarray:
+        """``info["action_mask"]``: :meth:`masks` as a fresh int8 array."""
+        return self.masks().view(np.int8)
+
     def step(self, action) -> None:
         raise NotImplementedError
 
@@ -105,14 +109,23 @@ class SelectMode(Mode):
         return action_space("select", self.K, self.B)
 
     def masks(self) -> np.ndarray:
+        return self._current().copy()
+
+    def info_mask(self) -> np.ndarray:
+        self._current()
+        return self._mask_i8.copy()
+
+    def _current(self) -> np.ndarray:
+        """The mask of this step, computed once (both :meth:`masks` and ``info`` copy it)."""
         dp = self.dp
         if dp.version != self._mask_version:  # unchanged until the slots or the batch change
             self._mask_version = dp.version
             m = self._mask = self._blank.copy()
+            self._mask_i8 = m.view(np.int8)
             m[: len(dp.ok)] = dp.ok
             if len(self.env.engine.running) > len(dp.victims):
                 m[self.preempt0:] = True
-        return self._mask.copy()
+        return self._mask
 
     def step(self, action) -> None:
         if type(action) is not int and isinstance(action, np.ndarray | np.integer) \

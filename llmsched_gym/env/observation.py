@@ -134,6 +134,7 @@ Q = {name: i for i, (name, *_rest) in enumerate(QUEUE_FEATURES)}
 R = {name: i for i, (name, *_rest) in enumerate(RUNNING_FEATURES)}
 G = {name: i for i, (name, *_rest) in enumerate(GLOBAL_FEATURES)}
 _HIST = slice(R["remaining_hist_0"], R["remaining_hist_0"] + len(REMAINING_BIN_EDGES) + 1)
+_FITS_NOW, _FITS_FUTURE = Q["fits_now"], Q["fits_future"]
 
 
 class ObservationBuilder:
@@ -160,6 +161,10 @@ class ObservationBuilder:
         self.size = b0 + (len(budgets) if budgets else 0)
         self.at = {**{f"running.{n}": nq + i for n, i in R.items()}, **{f"globals.{n}": g0 + i for n, i in G.items()}}
         self.hist = slice(nq + _HIST.start, nq + _HIST.stop)
+        at = self.at
+        self.i_count, self.i_kv_used = at["running.count"], at["running.kv_used"]
+        self.i_selected, self.i_batch_tokens = at["running.selected"], at["running.batch_tokens"]
+        self.i_queue_len, self.i_backlog = at["globals.queue_len"], at["globals.backlog"]
 
     def setup(self, env) -> None:
         """Per-episode tables (``env`` has just reset its engine and decision point)."""
@@ -238,27 +243,26 @@ class ObservationBuilder:
             self._boundary(env)
         if self.budgets and self.timed:
             self._batch_times()
-        at = self.at
         buf = self.base.copy()
-        q = buf[: self.nq].reshape(self.K, -1)
-        self.rows.take(dp.ids_pad, axis=0, out=q, mode="clip")
-        if n:
-            q[:n, Q["fits_now"]] = dp.fits_now
+        if n:  # (no slot: the base's queue part is all zeros already)
+            q = buf[: self.nq].reshape(self.K, -1)
+            self.rows.take(dp.ids_pad, axis=0, out=q, mode="clip")
+            q[:n, _FITS_NOW] = dp.fits_now
             ff = dp.fits_future
             if ff is None:
                 # not the admission rule: the chosen requests count at their peak throughout
                 ff = dp.fits_future = dp.rooms(dp.ids) >= dp.sel_peaks
-            q[:n, Q["fits_future"]] = ff
+            q[:n, _FITS_FUTURE] = ff
         n_sel = len(dp.sel)
         if n_sel:  # the running part with the batch being formed
             n_res = dp.n_run + n_sel
-            buf[at["running.count"]] = math.log1p(n_res) * self.inv_log_cap
-            buf[at["running.kv_used"]] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
+            buf[self.i_count] = math.log1p(n_res) * self.inv_log_cap
+            buf[self.i_kv_used] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
             buf[self.hist] = (dp.run_hist + dp.sel_hist) * (1.0 / n_res)
-            buf[at["running.selected"]] = math.log1p(n_sel) * self.inv_log_cap
-            buf[at["running.batch_tokens"]] = self.log_tokens(self.run_tokens + dp.sel_tokens)
-        buf[at["globals.queue_len"]] = math.log1p(len(e.waiting) - n_sel) * self.inv_log_n
-        buf[at["globals.backlog"]] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
+            buf[self.i_selected] = math.log1p(n_sel) * self.inv_log_cap
+            buf[self.i_batch_tokens] = self.log_tokens(self.run_tokens + dp.sel_tokens)
+        buf[self.i_queue_len] = math.log1p(dp.n_waiting - n_sel) * self.inv_log_n
+        buf[self.i_backlog] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
         if self.flat:
             return buf
         parts = {"queue": buf[: self.nq], "running": buf[self.nq: self.g0], "globals": buf[self.g0: self.b0]}
