@@ -294,7 +294,7 @@ class DecisionPoint:
         self.take(rid)
         slots = slots.copy()
         del slots[slot]
-        if self.qpos < len(self.queue):
+        if self.qpos < self.n_waiting:
             slots.append(self.queue[self.qpos])
             self.qpos += 1
         self.fill_slots(slots)
@@ -394,8 +394,8 @@ class DecisionPoint:
 
     def rooms(self, ids: np.ndarray) -> np.ndarray:
         """Eq. (1) room of requests ``ids`` against the running requests (cached per boundary)."""
-        new, self.room_upto = self.window(self.room_upto)
-        if new is not None:
+        if self.room_upto < self.K + len(self.sel):  # (window()'s test, without the call)
+            new, self.room_upto = self.window(self.room_upto)
             self.residents()
             self.room[new] = self.fp_run.room(self.cand_c[new], self.cand_b[new])
         return self.room[ids]

@@ -214,6 +214,7 @@ class ObservationBuilder:
             self.room_order = sorted(range(len(self.budget_list)), key=self.budget_list.__getitem__)
             self.room_at = self.value_slots(self.room_order)
             self.slots_of: dict[tuple, tuple] = {}  # value_slots of the orders when decodes pause
+            self.sorted_of: dict[int, tuple] = {}  # sorted_budgets by the number of decodes
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prompt (+ generated tokens) and remaining output changed."""
@@ -233,10 +234,9 @@ class ObservationBuilder:
     def observe(self, env):
         e, dp = self.e, self.dp
         n = len(dp.slots)
-        if n:
+        if n and dp.row_upto < self.K + len(dp.sel):  # (window()'s test, without the call)
             new, dp.row_upto = dp.window(dp.row_upto)
-            if new is not None:
-                self._fill_rows(new, e.clock)
+            self._fill_rows(new, e.clock)
         key = (dp.bid, len(dp.victims))
         if key != self.key:  # a new boundary or a preemption
             self.key = key
@@ -370,9 +370,12 @@ class ObservationBuilder:
         """Budgets sorted by the prefill room they leave after ``n_dec`` decodes, and where each
         one's value goes (cached: the order only depends on the budgets while none is below the
         decodes)."""
-        room = [b - n_dec for b in self.budget_list]
-        order = self.room_order
-        return [room[j] for j in order], [n_dec] * len(order), self.room_at
+        got = self.sorted_of.get(n_dec)
+        if got is None:
+            room = [b - n_dec for b in self.budget_list]
+            order = self.room_order
+            got = self.sorted_of[n_dec] = [room[j] for j in order], [n_dec] * len(order), self.room_at
+        return got
 
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
         """The boundary-dependent queue features of requests ``ids`` (constant while a batch forms)."""
