@@ -294,9 +294,12 @@ class DecisionPoint:
         self.take(rid)
         slots = slots.copy()
         del slots[slot]
-        if self.qpos < self.n_waiting:
-            slots.append(self.queue[self.qpos])
-            self.qpos += 1
+        q = self.qpos
+        if q < self.n_waiting:
+            # from this boundary's window when it reaches that far (indexing the engine's queue
+            # past its head builds a list of the whole queue)
+            slots.append(int(self.win[q]) if 0 <= self.win_len and q < len(self.win) else self.queue[q])
+            self.qpos = q + 1
         self.fill_slots(slots)
 
     def take(self, rid: int) -> None:
