@@ -82,6 +82,7 @@ class DecisionPoint:
         self.bid = 0
         self.slots: list[int] = []
         self.ok = np.zeros(0, bool)
+        self.all_ok = True  # every slot shown is admissible (the masks only depend on how many)
         self.any = False
         self.sel: list[int] = []
         self.sel_set: set[int] = set()
@@ -139,6 +140,7 @@ class DecisionPoint:
             self.ids_pad = self.empty_pad
             self.ids = self.ids_pad[:0]
             self.fits_now = self.fits_future = self.ok = self._false[:0]
+            self.all_ok = True  # (no slot)
             self.any = False
             return
         if self.order == "arrival" or len(w) <= 1:
@@ -277,9 +279,11 @@ class DecisionPoint:
         else:
             ok = self.fits_future = self.future_fits(ids)
         m = self.max_num_seqs
-        if m is not None and len(self.e.running) - len(self.victims) + len(self.sel) >= m:
+        capped = m is not None and len(self.e.running) - len(self.victims) + len(self.sel) >= m
+        if capped:
             ok = self._false[:n]
         self.ok = ok
+        self.all_ok = self.admission == "none" and not capped
         self.any = n > 0 and ((self.admission == "none" and m is None) or bool(ok.any()))
 
     # ------------------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ class SelectMode(Mode):
         self._blank = np.zeros(self.n, bool)  # the launch actions are always valid
         self._blank[self.launch0:self.preempt0] = True
         self._mask_version = -1
+        self._templates: dict[tuple[int, bool], tuple[np.ndarray, np.ndarray]] = {}
 
     @property
     def space(self):
@@ -116,16 +117,30 @@ class SelectMode(Mode):
         return self._mask_i8.copy()
 
     def _current(self) -> np.ndarray:
-        """The mask of this step, computed once (both :meth:`masks` and ``info`` copy it)."""
+        """The mask of this step, computed once (both :meth:`masks` and ``info`` copy it); when
+        every slot shown is admissible it only depends on how many there are and whether a
+        running request is left to preempt, so those masks are kept (never handed out)."""
         dp = self.dp
         if dp.version != self._mask_version:  # unchanged until the slots or the batch change
             self._mask_version = dp.version
-            m = self._mask = self._blank.copy()
-            self._mask_i8 = m.view(np.int8)
-            m[: len(dp.ok)] = dp.ok
-            if len(self.env.engine.running) > len(dp.victims):
-                m[self.preempt0:] = True
+            preempt = len(self.env.engine.running) > len(dp.victims)
+            if dp.all_ok:
+                key = (len(dp.slots), preempt)
+                got = self._templates.get(key)
+                if got is None:
+                    got = self._templates[key] = self._build(dp.ok, preempt)
+                self._mask, self._mask_i8 = got
+            else:
+                self._mask, self._mask_i8 = self._build(dp.ok, preempt)
         return self._mask
+
+    def _build(self, ok: np.ndarray, preempt: bool) -> tuple[np.ndarray, np.ndarray]:
+        """A mask (bool, and its int8 view): the slots ``ok``, the launches, the preempts."""
+        m = self._blank.copy()
+        m[: len(ok)] = ok
+        if preempt:
+            m[self.preempt0:] = True
+        return m, m.view(np.int8)
 
     def step(self, action) -> None:
         if type(action) is not int and isinstance(action, np.ndarray | np.integer) \
