@@ -187,7 +187,12 @@ class WAIT(Scheduler):
         self.n: list[int] | None = None
 
     def thresholds_for(self, view: EngineView) -> list[int]:
-        """Per-type thresholds n_j under ``rule`` (section 4.2, via :mod:`llmsched_gym.fluid`)."""
+        """Per-type thresholds n_j under ``rule`` (section 4.2, via :mod:`llmsched_gym.fluid`),
+        at least 1 each: a threshold of 0 (the fluid rule when the batch-time model has no
+        per-token decode cost, c = 0) would never let its type run."""
+        return [max(1, n) for n in self._thresholds(view)]
+
+    def _thresholds(self, view: EngineView) -> list[int]:
         if self.rule == "explicit":
             m = int(view.workload.type_id.max()) + 1 if len(view.workload) else 1
             if len(self.thresholds) < m:
