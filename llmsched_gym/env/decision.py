@@ -154,9 +154,13 @@ class DecisionPoint:
             else:
                 key = self.deadline_key[ids]
             self.queue = ids[np.argsort(key, kind="stable")].tolist()
-        slots = self.queue[: self.K]
+        # the window the caches start with (see window()): the slots are its head
+        self.win_len = m = 2 * self.K
+        self.win = np.array(self.queue[:m], np.int64)
+        head = self.win[: self.K]
+        slots = head.tolist()
         self.qpos = len(slots)
-        self.fill_slots(slots)
+        self.fill_slots(slots, head)
 
     def running_set(self) -> int:
         """Arrays of the surviving running requests, computed once per boundary (a preemption
@@ -258,15 +262,16 @@ class DecisionPoint:
         gone = set(self.victims)
         return [r for r in run if r not in gone]
 
-    def fill_slots(self, slots: list[int]) -> None:
-        """Show ``slots`` (queue entries not chosen yet) and evaluate the admission rule on them."""
+    def fill_slots(self, slots: list[int], ids: np.ndarray | None = None) -> None:
+        """Show ``slots`` (queue entries not chosen yet; ``ids``: the same as an array, if the
+        caller has it) and evaluate the admission rule on them."""
         k = self.K
         self.version += 1
         self.slots = slots
         n = len(slots)
         # padded with the all-zero feature row, so one gather builds the queue observation
         if n == k:
-            self.ids_pad = ids = self.ids = np.array(slots, np.int64)
+            self.ids_pad = self.ids = ids = np.array(slots, np.int64) if ids is None else ids
         else:
             self.ids_pad = np.array(slots + self.pad_ids[: k - n], np.int64)
             ids = self.ids = self.ids_pad[:n]
