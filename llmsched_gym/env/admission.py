@@ -63,9 +63,11 @@ class FutureProfile:
             np.add.accumulate(base[::-1], out=suffix[n - 1::-1])
             # F at each point (exact at the first of equal points, lower at the others: harmless
             # for the maxima below, which the first of the group attains)
-            f = suffix[:n] + c * self._desc[len(self._desc) - n:]
+            f = c * self._desc[len(self._desc) - n:]
+            f += suffix[:n]
             self.peak = int(f.max())
-            np.maximum.accumulate(f + c, out=prefix_max[1:])
+            f += c
+            np.maximum.accumulate(f, out=prefix_max[1:])
         else:
             self.peak = 0
         self._cs, self._suffix, self._prefix_max = c, suffix, prefix_max

@@ -384,10 +384,11 @@ class DecisionPoint:
         self.residents_ok = True
         rem = self.rem
         self.run_hist = np.bincount(_EDGES_ARRAY.searchsorted(rem, side="right"), minlength=N_BINS)
-        # sort the lines by completion point: one sort of (c, base) packed into an int64
-        packed = np.sort((rem << 32) | self.line_base)
-        self.line_c = packed >> 32
-        self.line_b = packed & 0xFFFFFFFF
+        # sort the lines by completion point (the order among equal points does not matter: the
+        # profile's values at a group of equal points are its first one's, see FutureProfile.build)
+        order = rem.argsort(kind="stable")
+        self.line_c = rem[order]
+        self.line_b = self.line_base[order]
         self.fp_run.build(self.line_c, self.line_b)
 
     def window(self, covered: int) -> tuple[np.ndarray | None, int]:
