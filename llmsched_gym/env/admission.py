@@ -79,8 +79,11 @@ class FutureProfile:
         ``room >= 0``; with ``x`` more tokens held throughout, iff ``room >= x``."""
         cs = self._cs
         k = cs.searchsorted(c)
-        own = self._suffix[k] + c * (len(cs) + 1 - k)
-        return self.capacity - base - np.maximum(self._prefix_max[k], own)
+        worst = len(cs) + 1 - k
+        worst *= c
+        worst += self._suffix[k]  # its own peak
+        np.maximum(worst, self._prefix_max[k], out=worst)
+        return self.capacity - base - worst
 
     def fits(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Whether each candidate alone keeps every peak up to its completion within capacity."""

@@ -76,7 +76,7 @@ class DecisionPoint:
         self.need = (target + (self.emit + self.pad)) // self.bs
         self.cand_c = np.maximum(self.pred, 1) + (1 - self.emit)
         self.cand_b = target + (self.emit - 1 + self.pad)
-        self.room = np.zeros(n)
+        self.room = np.zeros(n, np.int64)
         self.pad_ids = [n] * self.K
         self.empty_pad = np.full(self.K, n, np.int64)
         self.bid = 0
@@ -85,7 +85,6 @@ class DecisionPoint:
         self.all_ok = True  # every slot shown is admissible (the masks only depend on how many)
         self.any = False
         self.sel: list[int] = []
-        self.sel_set: set[int] = set()
         self.victims: list[int] = []
         self.sel_tokens = 0
         self.running_ok = False
@@ -110,7 +109,6 @@ class DecisionPoint:
         self.bid += 1
         self.version += 1
         self.sel = []
-        self.sel_set = set()
         self.sel_blocks = 0
         self.sel_tokens = 0
         self.sel_hist = _NO_HIST  # a fresh array at the first choice (most boundaries choose none)
@@ -299,7 +297,6 @@ class DecisionPoint:
         slots = self.slots
         rid = slots[slot]
         self.sel.append(rid)
-        self.sel_set.add(rid)
         self.take(rid)
         slots = slots.copy()
         del slots[slot]
