@@ -172,7 +172,8 @@ class DecisionPoint:
         self.run_list = run
         ids = np.fromiter(run, np.int64, len(run))
         kvt = self.kvt[ids]
-        rem = self.pred[ids] - self.gen[ids]
+        rem = self.pred[ids]
+        rem -= self.gen[ids]
         np.maximum(rem, 1, out=rem)
         n = len(run)
         if e.n_in_prefill:

@@ -380,7 +380,9 @@ class ObservationBuilder:
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
         """The boundary-dependent queue features of requests ``ids`` (constant while a batch forms)."""
         e, rows, dp = self.e, self.rows, self.dp
-        age = np.log1p(now * self.inv_unit - self.arrival_u[ids])
+        age = self.arrival_u[ids]
+        np.subtract(now * self.inv_unit, age, out=age)
+        np.log1p(age, out=age)
         age *= self.inv_log_time
         rows[ids, Q["age"]] = np.minimum(age, 1.0, out=age)
         if self.prefix:
