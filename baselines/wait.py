@@ -204,7 +204,7 @@ class WAIT(Scheduler):
             return wait_thresholds_practical(types, self.batch_size, rule=literal).n_int
         lam = np.array([t[0] for t in types])
         if self.c:
-            return [max(1, math.ceil(self.c * x - 1e-9)) for x in lam]
+            return [math.ceil(self.c * x - 1e-9) for x in lam]
         stages = np.array([t[2] for t in types]) + 1
         a = stage_memory([t[1] for t in types], [t[2] for t in types])
         cap = view.kv_capacity
@@ -212,14 +212,15 @@ class WAIT(Scheduler):
         # per-type memory of one prompt per stage, with each prompt's partly filled last block
         a_kv = a + (view.block_size - 1) * stages
         try:
-            n = wait_thresholds_fluid(types, d0, d1, cap).n_int
+            # the memory check counts the thresholds as they will run (at least 1 each)
+            n = np.maximum(wait_thresholds_fluid(types, d0, d1, cap).n_int, 1)
             if float(np.dot(n, a_kv)) <= cap:
-                return n
+                return n.tolist()
         except ValueError:
             pass  # d1 A >= 1: no equilibrium
         # overloaded (C < M* or d1 A >= 1), Remark 1: c = C / A fills the memory
         c_max = cap / float(np.sum(lam * a_kv))
-        return [max(1, math.floor(c_max * x)) for x in lam]
+        return [math.floor(c_max * x) for x in lam]
 
     def schedule(self, view: EngineView) -> BatchPlan:
         n = self.n

@@ -305,7 +305,7 @@ class DecisionPoint:
         if q < self.n_waiting:
             # from this boundary's window when it reaches that far (indexing the engine's queue
             # past its head builds a list of the whole queue)
-            slots.append(int(self.win[q]) if 0 <= self.win_len and q < len(self.win) else self.queue[q])
+            slots.append(int(self.win[q]) if q < self.win_len else self.queue[q])
             self.qpos = q + 1
         self.fill_slots(slots)
 
