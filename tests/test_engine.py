@@ -191,6 +191,33 @@ def test_swap_pays_transfer_time_both_ways():
     assert e.busy_time == pytest.approx(e.n_iterations + 2 * 0.102)
 
 
+def test_swap_out_mid_prefill_resumes_the_prefill_where_it_stopped():
+    # chunks of 40: swapped out after the first chunk, swapped back in, it owes 60 more tokens
+    wl = Workload(arrival_s=[0.0], prompt_tokens=[100], output_tokens=[3])
+
+    class SwapMidPrefill(Scheduler):
+        name = "swap-mid-prefill"
+
+        def schedule(self, view):
+            if view.iteration == 1 and view.running:
+                return BatchPlan(preempt=list(view.running), decode=False)
+            if view.waiting:
+                return BatchPlan(prefill={view.waiting[0]: 40})
+            run = [r for r in view.running if view.prefilled[r] < view.prefill_target[r]]
+            return BatchPlan(prefill={r: 40 for r in run})
+
+    cfg = EngineConfig(kv_capacity_tokens=1000, preempt_mode="swap")
+    e = Engine(wl, cfg, UnitLatency(), SwapMidPrefill(), seed=0)
+    counts = []
+    while e.poll():
+        e.execute(e.scheduler.schedule(e.view))
+        counts.append(e.n_in_prefill)
+    assert e.n_completed == 1 and e.recomputed_tokens.sum() == 0
+    assert e.total_prefill_tokens == 100  # nothing prefilled twice
+    # in prefill after the first chunk, not while swapped out, again until its last chunk (80 -> 100)
+    assert counts[:4] == [1, 0, 1, 0] and min(counts) >= 0
+
+
 def test_recompute_preemption_reprefills_prompt_plus_generated():
     wl = Workload(arrival_s=[0.0], prompt_tokens=[10], output_tokens=[5])
 

@@ -695,6 +695,8 @@ class Engine:
                 kv.used_blocks += blocks
                 swap_s += self._swap_seconds(int(kvt[rid]))
                 self._ds = None  # it resumes decoding
+                if pre[rid] < tgt[rid]:  # swapped out mid-prefill: its prefill goes on
+                    self.n_in_prefill += 1
                 continue
             self.n_in_prefill += 1
             if kv.enabled:
