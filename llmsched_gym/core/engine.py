@@ -610,23 +610,29 @@ class Engine:
     def _progress(self, chunks, dec: np.ndarray, ds: _DecodeSet | None, grow: int, t_end: float) -> list[int]:
         """Step 6: chunks and decodes progress; returns the requests that completed."""
         kv, kvt, pre, gen, out = self.kv, self.kv_tokens, self.prefilled, self.generated, self._output
-        emits = self.config.prefill_emits_token
+        emits, counters = self.config.prefill_emits_token, self.counters
         kv.used_blocks += grow
         finished: list[int] = []
         joined: list[int] = []
         for rid, c, last in chunks:
             pre[rid] += c
             kvt[rid] += c
-            self.counters.total_prefill_tokens += c
+            counters.total_prefill_tokens += c
             if self._hook_prefill:
                 self.scheduler.on_prefill(rid, c, self.view)
             if last:
                 self.n_in_prefill -= 1
                 if kv.enabled:
                     kv.publish_prefix(rid, int(pre[rid]))
-                if emits:
+                if emits:  # the final chunk produced the first output token
                     kvt[rid] += 1
-                    self._emit_one(rid, t_end)
+                    g = int(gen[rid])
+                    if g == 0 and math.isnan(self.first_token_s[rid]):
+                        self.first_token_s[rid] = t_end
+                    gen[rid] = g + 1
+                    counters.total_decoded += 1
+                    if self._hook_tokens:
+                        self.scheduler.on_tokens(np.array([rid]), 1, self.view)
                 (finished if gen[rid] >= out[rid] else joined).append(rid)
         if len(dec):
             kvt[dec] += 1
@@ -677,17 +683,18 @@ class Engine:
         """Move ``ids`` from the queue to the running set; returns swap-in seconds."""
         kv, now, waiting, running = self.kv, self.clock, self.waiting, self.running
         pre, tgt, kvt = self.prefilled, self.prefill_target, self.kv_tokens
+        state, stamps, first, swapped = self.state, self._stamp, self.first_scheduled_s, self.swapped
         swap_s = 0.0
         for rid in ids:
             waiting.remove(rid)
-            self.state[rid] = RUNNING
+            state[rid] = RUNNING
             running.append(rid)
-            self._stamp[rid] = self._n_admitted
+            stamps[rid] = self._n_admitted
             self._n_admitted += 1
             self.waiting_tokens -= int(tgt[rid] - pre[rid])
-            if math.isnan(self.first_scheduled_s[rid]):
-                self.first_scheduled_s[rid] = now
-            if self.swapped[rid]:
+            if math.isnan(first[rid]):
+                first[rid] = now
+            if swapped[rid]:
                 self.swapped[rid] = False
                 blocks = kv.blocks(int(kvt[rid]))
                 if kv.enabled:
@@ -713,16 +720,18 @@ class Engine:
     def _swap_seconds(self, tokens: int) -> float:
         return tokens * self.config.kv_bytes_per_token / (self.config.swap_gb_s * 1e9)
 
-    def _free(self, rid: int) -> None:
-        """Release ``rid``'s KV and, if it was decoding, take it out of the decode set."""
-        kv, k = self.kv, int(self.kv_tokens[rid])
-        if self._ds is not None and rid in self._ds.members:
-            self._ds.leave(rid, k)
-        kv.used_blocks -= kv.blocks(k) - int(kv.shared[rid])
+    def _free(self, rid: int) -> int:
+        """Release ``rid``'s KV and, if it was decoding, take it out of the decode set; returns
+        the KV tokens it held."""
+        kv, k, ds = self.kv, int(self.kv_tokens[rid]), self._ds
+        if ds is not None and rid in ds.members:
+            ds.leave(rid, k)
+        kv.used_blocks -= -(-k // kv.block_size) - int(kv.shared[rid])  # its blocks, less shared ones
         if kv.enabled:
             kv.release_prefix(rid)
         if self._composition:
             self.latency.release(rid)  # type: ignore[attr-defined]
+        return k
 
     def _preempt(self, rid: int, mode: str, requeue: bool = False) -> float:
         """Evict a running request back to the queue (its head with ``requeue``, else the caller
@@ -732,30 +741,32 @@ class Engine:
             run.pop()
         else:
             run.remove(rid)
-        if self.prefilled[rid] < self.prefill_target[rid]:
+        pre, tgt = int(self.prefilled[rid]), int(self.prefill_target[rid])
+        if pre < tgt:
             self.n_in_prefill -= 1
         self.preemptions[rid] += 1
         c = self.counters
         c.n_preempt_events += 1
         swap_s = 0.0
-        self._free(rid)
-        k = int(self.kv_tokens[rid])
+        k = self._free(rid)
         if mode == "swap":
             swap_s = self._swap_seconds(k)
             self.swapped[rid] = True
         else:
             self.recomputed_tokens[rid] += k
             c.recomputed_tokens_total += k
+            gen = int(self.generated[rid])
             if mode == "restart":
-                c.discarded_tokens += int(self.generated[rid])
+                c.discarded_tokens += gen
                 self.generated[rid] = 0
-                self.prefill_target[rid] = self._prompt[rid]
-            else:
-                self.prefill_target[rid] = self._prompt[rid] + self.generated[rid]
+                gen = 0
+            tgt = int(self._prompt[rid]) + gen
+            pre = 0
+            self.prefill_target[rid] = tgt
             self.prefilled[rid] = 0
             self.kv_tokens[rid] = 0
         self.state[rid] = WAITING
-        self.waiting_tokens += int(self.prefill_target[rid] - self.prefilled[rid])
+        self.waiting_tokens += tgt - pre
         if requeue:
             self.waiting.push_front([rid])
         if self._hook_preempt:
@@ -776,19 +787,18 @@ class Engine:
         preempt_mode = "swap" if mode == "swap" else self.config.preempt_mode
         swap_s = 0.0
         victims: list[int] = []
-        dec_set: set[int] | None = None
+        # decodes run in running order and the victims are the newest: a victim that decodes is
+        # the last of ``dec`` not yet taken, and the victims' decodes end ``dec``
         n_dec_gone = 0
         while kv.used_blocks + total > kv.capacity_blocks:
             if not self.running:
                 raise PlanError("overflow: nothing left to preempt")
             victim = self.running[-1]
             g = growth.pop(victim, 0)
-            if len(dec):
-                if dec_set is None:
-                    dec_set = set(dec.tolist())
-                if victim in dec_set:  # its decode's block, counted before the preemption zeroes its KV
-                    g += 1 if bs == 1 or kvt[victim] % bs == 0 else 0
-                    n_dec_gone += 1
+            if n_dec_gone < len(dec) and dec[len(dec) - 1 - n_dec_gone] == victim:
+                # its decode's block, counted before the preemption zeroes its KV
+                g += 1 if bs == 1 or kvt[victim] % bs == 0 else 0
+                n_dec_gone += 1
             total -= g
             swap_s += self._preempt(victim, preempt_mode)
             victims.append(victim)
@@ -796,7 +806,6 @@ class Engine:
             gone = set(victims)
             self.waiting.push_front(victims[::-1])
             chunks = [x for x in chunks if x[0] not in gone]
-            # decodes run in running order and the victims are the newest: they end ``dec``
             if n_dec_gone:
                 dec = dec[: len(dec) - n_dec_gone]
         return chunks, dec, total, swap_s, len(victims)
@@ -824,15 +833,6 @@ class Engine:
         # cleared requests re-enter at the head, in arrival order
         self.waiting.push_front(sorted(victims))
 
-    def _emit_one(self, rid: int, t: float) -> None:
-        """The final prefill chunk of ``rid`` produced its first output token."""
-        if self.generated[rid] == 0 and math.isnan(self.first_token_s[rid]):
-            self.first_token_s[rid] = t
-        self.generated[rid] += 1
-        self.counters.total_decoded += 1
-        if self._hook_tokens:
-            self.scheduler.on_tokens(np.array([rid]), 1, self.view)
-
     def _emit(self, ids: np.ndarray, t: float) -> None:
         gen = self.generated
         first = ids[gen[ids] == 0]
@@ -845,11 +845,12 @@ class Engine:
             self.scheduler.on_tokens(ids, 1, self.view)
 
     def _complete(self, ids: list[int], t: float) -> None:
+        state, completion, kvt = self.state, self.completion_s, self.kv_tokens
         for rid in ids:
-            self.state[rid] = DONE
-            self.completion_s[rid] = t
+            state[rid] = DONE
+            completion[rid] = t
             self._free(rid)
-            self.kv_tokens[rid] = 0
+            kvt[rid] = 0
         if len(ids) <= 4:  # a few: C-level removals beat rebuilding the list
             run = self.running
             for rid in ids:
