@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 ORDERS = ("arrival", "shortest", "prompt", "deadline")
 _EDGES = list(obs_mod.REMAINING_BIN_EDGES)
-_EDGES_ARRAY = np.array(_EDGES, np.int64)
 N_BINS = len(_EDGES) + 1
+_BIN_LOW = np.array([1, *_EDGES, 1 << 62], np.int64)
+"""Each bin's lowest remaining output, and a bound above all (remaining outputs are at least 1)."""
 _NO_HIST = np.zeros(N_BINS, np.int64)
 _NO_HIST.flags.writeable = False
 
@@ -381,13 +382,15 @@ class DecisionPoint:
             self.running_set()
         self.residents_ok = True
         rem = self.rem
-        self.run_hist = np.bincount(_EDGES_ARRAY.searchsorted(rem, side="right"), minlength=N_BINS)
         # sort the lines by completion point (the order among equal points does not matter: the
         # profile's values at a group of equal points are its first one's, see FutureProfile.build)
         order = rem.argsort(kind="stable")
-        self.line_c = rem[order]
+        self.line_c = c = rem[order]
         self.line_b = self.line_base[order]
-        self.fp_run.build(self.line_c, self.line_b)
+        self.fp_run.build(c, self.line_b)
+        # the histogram from the sorted points: bin i holds the points in [_BIN_LOW[i], _BIN_LOW[i + 1])
+        cut = c.searchsorted(_BIN_LOW)
+        self.run_hist = cut[1:] - cut[:-1]
 
     def window(self, covered: int) -> tuple[np.ndarray | None, int]:
         """Queue entries the slots may show before the caches filled up to ``covered`` run out

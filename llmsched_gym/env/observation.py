@@ -161,6 +161,7 @@ class ObservationBuilder:
         self.size = b0 + (len(budgets) if budgets else 0)
         self.at = {**{f"running.{n}": nq + i for n, i in R.items()}, **{f"globals.{n}": g0 + i for n, i in G.items()}}
         self.hist = slice(nq + _HIST.start, nq + _HIST.stop)
+        self.hist_sum = np.zeros(_HIST.stop - _HIST.start, np.int64)
         at = self.at
         self.i_count, self.i_kv_used = at["running.count"], at["running.kv_used"]
         self.i_selected, self.i_batch_tokens = at["running.selected"], at["running.batch_tokens"]
@@ -206,6 +207,7 @@ class ObservationBuilder:
         st[:-1, Q["task_class"]] = wl.task_class
         st[:-1, Q["slo_slack"]] = 1.0
         self.rows = st
+        self.age_col = st[:, Q["age"]]  # (a column view: 1-D indexing is cheaper)
         self.key = None
         big = np.iinfo(np.int64).max // 4  # the unlimited budget
         if self.budgets:
@@ -258,7 +260,8 @@ class ObservationBuilder:
             n_res = dp.n_run + n_sel
             buf[self.i_count] = math.log1p(n_res) * self.inv_log_cap
             buf[self.i_kv_used] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
-            buf[self.hist] = (dp.run_hist + dp.sel_hist) * (1.0 / n_res)
+            h = np.add(dp.run_hist, dp.sel_hist, out=self.hist_sum)
+            np.multiply(h, 1.0 / n_res, out=buf[self.hist])
             buf[self.i_selected] = math.log1p(n_sel) * self.inv_log_cap
             buf[self.i_batch_tokens] = self.log_tokens(self.run_tokens + dp.sel_tokens)
         buf[self.i_queue_len] = math.log1p(dp.n_waiting - n_sel) * self.inv_log_n
@@ -384,7 +387,7 @@ class ObservationBuilder:
         np.subtract(now * self.inv_unit, age, out=age)
         np.log1p(age, out=age)
         age *= self.inv_log_time
-        rows[ids, Q["age"]] = np.minimum(age, 1.0, out=age)
+        self.age_col[ids] = np.minimum(age, 1.0, out=age)
         if self.prefix:
             rows[ids, Q["prefix_hit"]] = [e.kv.match_tokens(r) / self.prompt[r] for r in ids.tolist()]
         if self.multi_client:
