@@ -16,6 +16,7 @@ release.
 from __future__ import annotations
 
 import bisect
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -142,8 +143,11 @@ class DecisionPoint:
             self.all_ok = True  # (no slot)
             self.any = False
             return
+        # the window the caches start with (see window()): the slots are its head
+        self.win_len = m = 2 * self.K
         if self.order == "arrival" or len(w) <= 1:
             self.queue = w
+            self.win = np.fromiter(islice(w, m), np.int64, min(m, self.n_waiting))
         else:
             ids = np.array(w, np.int64)
             if self.order == "shortest":
@@ -152,10 +156,9 @@ class DecisionPoint:
                 key = self.target[ids]
             else:
                 key = self.deadline_key[ids]
-            self.queue = ids[np.argsort(key, kind="stable")].tolist()
-        # the window the caches start with (see window()): the slots are its head
-        self.win_len = m = 2 * self.K
-        self.win = np.array(self.queue[:m], np.int64)
+            ids = ids[np.argsort(key, kind="stable")]
+            self.queue = ids.tolist()
+            self.win = ids[:m]
         head = self.win[: self.K]
         slots = head.tolist()
         self.qpos = len(slots)

@@ -159,6 +159,9 @@ class ObservationBuilder:
         self.g0 = g0 = nq + len(RUNNING_FEATURES)
         self.b0 = b0 = g0 + len(GLOBAL_FEATURES)
         self.size = b0 + (len(budgets) if budgets else 0)
+        self.parts = [("queue", slice(0, nq)), ("running", slice(nq, g0)), ("globals", slice(g0, b0))]
+        if budgets:
+            self.parts.append(("budgets", slice(b0, self.size)))
         self.at = {**{f"running.{n}": nq + i for n, i in R.items()}, **{f"globals.{n}": g0 + i for n, i in G.items()}}
         self.hist = slice(nq + _HIST.start, nq + _HIST.stop)
         self.hist_sum = np.zeros(_HIST.stop - _HIST.start, np.int64)
@@ -268,10 +271,7 @@ class ObservationBuilder:
         buf[self.i_backlog] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
         if self.flat:
             return buf
-        parts = {"queue": buf[: self.nq], "running": buf[self.nq: self.g0], "globals": buf[self.g0: self.b0]}
-        if self.budgets:
-            parts["budgets"] = buf[self.b0:]
-        return parts
+        return {name: buf[part] for name, part in self.parts}
 
     def _boundary(self, env) -> None:
         """The base of this boundary: the running requests (less those chosen for preemption),
