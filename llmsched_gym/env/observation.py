@@ -164,7 +164,6 @@ class ObservationBuilder:
             self.parts.append(("budgets", slice(b0, self.size)))
         self.at = {**{f"running.{n}": nq + i for n, i in R.items()}, **{f"globals.{n}": g0 + i for n, i in G.items()}}
         self.hist = slice(nq + _HIST.start, nq + _HIST.stop)
-        self.hist_sum = np.zeros(_HIST.stop - _HIST.start, np.int64)
         at = self.at
         self.i_count, self.i_kv_used = at["running.count"], at["running.kv_used"]
         self.i_selected, self.i_batch_tokens = at["running.selected"], at["running.batch_tokens"]
@@ -263,8 +262,7 @@ class ObservationBuilder:
             n_res = dp.n_run + n_sel
             buf[self.i_count] = math.log1p(n_res) * self.inv_log_cap
             buf[self.i_kv_used] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
-            h = np.add(dp.run_hist, dp.sel_hist, out=self.hist_sum)
-            np.multiply(h, 1.0 / n_res, out=buf[self.hist])
+            buf[self.hist] = (dp.run_hist + dp.sel_hist) * (1.0 / n_res)
             buf[self.i_selected] = math.log1p(n_sel) * self.inv_log_cap
             buf[self.i_batch_tokens] = self.log_tokens(self.run_tokens + dp.sel_tokens)
         buf[self.i_queue_len] = math.log1p(dp.n_waiting - n_sel) * self.inv_log_n
