@@ -35,6 +35,7 @@ FUZZ_VARIANTS: tuple[dict[str, Any], ...] = (
     {"engine.overflow": "clear_all", "engine.stall_iterations": 3000},
     {"engine.overflow": "clear_bernoulli", "engine.overflow_beta": 0.3},
     {"engine.overflow": "swap"},
+    {"engine.preempt_mode": "swap"},
     {"engine.preempt_mode": "restart"},
     {"engine.block_size": 16},
     {"workload.predictor": {"type": "noisy", "x": 0.5}},
@@ -49,7 +50,8 @@ def fuzz_env(steps: int = 100_000, seed: int = 0, n_requests: int = 60) -> dict[
     rule, order, budget set and engine variant (``FUZZ_VARIANTS``); raises ``AssertionError`` on an observation outside its space or
     not finite, a mask without the launch action, or a request lost (every request of the workload
     is pending, waiting, running, completed or rejected at every step, and all are completed or
-    rejected when an episode terminates).
+    rejected when an episode terminates), or the engine's count of requests in prefill disagreeing with
+    the running requests' progress.
 
     :returns: steps, episodes, wall seconds and how many episodes ended terminated / truncated.
     """
@@ -107,8 +109,12 @@ def _check_step(env: LLMSchedEnv, obs, info: dict, n: int) -> None:
     assert obs in env.observation_space, "observation outside its space"
     mask = info["action_mask"]
     assert mask.dtype == np.int8 and (env.mode != "select" or mask[env.K] == 1)
-    counts = np.bincount(env.engine.state, minlength=5)
-    assert counts.sum() == n and len(env.engine.waiting) == counts[1] and len(env.engine.running) == counts[2]
+    e = env.engine
+    counts = np.bincount(e.state, minlength=5)
+    assert counts.sum() == n and len(e.waiting) == counts[1] and len(e.running) == counts[2]
+    run = np.array(e.running, np.int64)
+    mid = int(np.count_nonzero(e.prefilled[run] < e.prefill_target[run]))
+    assert e.n_in_prefill == mid, f"n_in_prefill {e.n_in_prefill}, running requests mid-prefill {mid}"
 
 
 def bench_env(
