@@ -624,15 +624,9 @@ class Engine:
                 self.n_in_prefill -= 1
                 if kv.enabled:
                     kv.publish_prefix(rid, int(pre[rid]))
-                if emits:  # the final chunk produced the first output token
+                if emits:
                     kvt[rid] += 1
-                    g = int(gen[rid])
-                    if g == 0 and math.isnan(self.first_token_s[rid]):
-                        self.first_token_s[rid] = t_end
-                    gen[rid] = g + 1
-                    counters.total_decoded += 1
-                    if self._hook_tokens:
-                        self.scheduler.on_tokens(np.array([rid]), 1, self.view)
+                    self._emit_one(rid, t_end)
                 (finished if gen[rid] >= out[rid] else joined).append(rid)
         if len(dec):
             kvt[dec] += 1
@@ -695,7 +689,7 @@ class Engine:
             if math.isnan(first[rid]):
                 first[rid] = now
             if swapped[rid]:
-                self.swapped[rid] = False
+                swapped[rid] = False
                 blocks = kv.blocks(int(kvt[rid]))
                 if kv.enabled:
                     kv.make_room(blocks)
@@ -726,7 +720,7 @@ class Engine:
         kv, k, ds = self.kv, int(self.kv_tokens[rid]), self._ds
         if ds is not None and rid in ds.members:
             ds.leave(rid, k)
-        kv.used_blocks -= -(-k // kv.block_size) - int(kv.shared[rid])  # its blocks, less shared ones
+        kv.used_blocks -= kv.blocks(k) - int(kv.shared[rid])  # its blocks, less shared ones
         if kv.enabled:
             kv.release_prefix(rid)
         if self._composition:
@@ -832,6 +826,15 @@ class Engine:
             self._preempt(rid, "restart")
         # cleared requests re-enter at the head, in arrival order
         self.waiting.push_front(sorted(victims))
+
+    def _emit_one(self, rid: int, t: float) -> None:
+        """The final prefill chunk of ``rid`` produced its first output token."""
+        if self.generated[rid] == 0 and math.isnan(self.first_token_s[rid]):
+            self.first_token_s[rid] = t
+        self.generated[rid] += 1
+        self.counters.total_decoded += 1
+        if self._hook_tokens:
+            self.scheduler.on_tokens(np.array([rid]), 1, self.view)
 
     def _emit(self, ids: np.ndarray, t: float) -> None:
         gen = self.generated
