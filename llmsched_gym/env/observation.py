@@ -214,10 +214,7 @@ class ObservationBuilder:
         big = np.iinfo(np.int64).max // 4  # the unlimited budget
         if self.budgets:
             self.budget_list = [big if b is None else b for b in self.budgets]
-            self.min_budget = min(self.budget_list)
-            self.room_order = sorted(range(len(self.budget_list)), key=self.budget_list.__getitem__)
-            self.room_at = self.value_slots(self.room_order)
-            self.slots_of: dict[tuple, tuple] = {}  # value_slots of the orders when decodes pause
+            self.slots_of: dict[tuple, tuple] = {}  # value_slots by budget order
             self.sorted_of: dict[int, tuple] = {}  # sorted_budgets by the number of decodes
 
     def refresh(self, rid: int) -> None:
@@ -309,17 +306,7 @@ class ObservationBuilder:
             self.bt_want = -1
             self.bt_filled = 0
             self.bt_last = 0.0  # the largest filled budget's time
-            if n_dec <= self.min_budget:  # the usual case: no budget pauses a decode
-                self.bt_room, self.bt_d, self.bt_at = self.sorted_budgets(n_dec)
-            else:
-                d = [min(b, n_dec) for b in self.budget_list]
-                room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
-                order = sorted(range(len(room)), key=room.__getitem__)
-                self.bt_room, self.bt_d = [room[j] for j in order], [d[j] for j in order]
-                key = tuple(order)
-                if key not in self.slots_of:
-                    self.slots_of[key] = self.value_slots(order)
-                self.bt_at = self.slots_of[key]
+            self.bt_room, self.bt_d, self.bt_at = self.sorted_budgets(n_dec)
 
     def _batch_times(self) -> None:
         """Predicted duration of the next batch for each launch budget (the latency model's
@@ -368,14 +355,18 @@ class ObservationBuilder:
         return where, rest
 
     def sorted_budgets(self, n_dec: int):
-        """Budgets sorted by the prefill room they leave after ``n_dec`` decodes, and where each
-        one's value goes (cached: the order only depends on the budgets while none is below the
-        decodes)."""
+        """Budgets sorted by the prefill room they leave after ``n_dec`` decodes (a budget below
+        the decodes pauses some: it decodes ``min(budget, n_dec)`` and leaves no room), the
+        decodes each one runs, and where each one's value goes; cached by ``n_dec``."""
         got = self.sorted_of.get(n_dec)
         if got is None:
-            room = [b - n_dec for b in self.budget_list]
-            order = self.room_order
-            got = self.sorted_of[n_dec] = [room[j] for j in order], [n_dec] * len(order), self.room_at
+            d = [min(b, n_dec) for b in self.budget_list]
+            room = [b - x for b, x in zip(self.budget_list, d, strict=True)]
+            order = sorted(range(len(room)), key=room.__getitem__)
+            key = tuple(order)
+            if key not in self.slots_of:
+                self.slots_of[key] = self.value_slots(order)
+            got = self.sorted_of[n_dec] = [room[j] for j in order], [d[j] for j in order], self.slots_of[key]
         return got
 
     def _fill_rows(self, ids: np.ndarray, now: float) -> None:
