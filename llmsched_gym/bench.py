@@ -228,6 +228,8 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
                 t.add_column(sc, justify="right")
             for k in keys:
                 t.add_row(k, *(f"{r[k]:,.3f}" if isinstance(r[k], float) else str(r[k]) for r in runs.values()))
+            t.add_row("steps: admit / launch / preempt", *(
+                " / ".join(f"{x:.0%}" for x in r["step_mix"].values()) for r in runs.values()))
             con.print(t)
     if "sweep" in sections:
         sw = bench_sweep(repeats=1 if quick else 3)

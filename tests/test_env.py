@@ -603,6 +603,9 @@ def test_bench_env_reports_rates():
     out = bench_env("jaillet-high", steps=300, n_requests=50)
     assert out["steps"] == 300 and out["steps_per_s"] > 0 and out["steps_per_cpu_s"] > 0
     assert out["requests_completed"] > 0
+    mix = out["step_mix"]
+    assert set(mix) == {"admit", "launch", "preempt"} and abs(sum(mix.values()) - 1.0) < 1e-9
+    assert mix["launch"] > 0 and mix["admit"] > 0
 
 
 def test_reset_frees_the_previous_episode_at_once():

@@ -137,16 +137,26 @@ def bench_env(
     :param steps: env steps to time (resets included, the first reset excluded).
     :param env_kwargs: more ``LLMSched-v0`` arguments (``order``, ``reward``, ``overrides``, ...).
     :returns: ``steps_per_s`` (wall clock), ``steps_per_cpu_s``, the settings, episodes finished,
-        engine iterations simulated and requests completed.
+        engine iterations simulated, requests completed and, in ``select`` mode, ``step_mix``: the
+        fractions of admit, launch and preempt steps. A launch step runs an engine iteration and
+        builds the next boundary's observation, an admit step only updates the batch being formed
+        (several times cheaper), so the rate depends on the mix the action space gives a
+        random agent.
     """
     env = LLMSchedEnv(scenario, action_mode=action_mode, K=K, admission=admission, n_requests=n_requests,
                       **env_kwargs)
     rng = np.random.default_rng(seed)
     env.reset(seed=seed)
     episodes = iterations = completed = 0
+    kinds = [0, 0, 0]  # admit, launch, preempt (select mode)
+    select = env.mode == "select"
+    launch0, preempt0 = env.K, env.K + len(env.budgets)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
-        _, _, terminated, truncated, _ = env.step(random_masked_action(env, rng))
+        action = random_masked_action(env, rng)
+        if select:
+            kinds[(action >= launch0) + (action >= preempt0)] += 1
+        _, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             episodes += 1
             iterations += env.engine.n_iterations
@@ -155,7 +165,7 @@ def bench_env(
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     iterations += env.engine.n_iterations
     completed += env.engine.n_completed
-    return {
+    out = {
         "scenario": scenario,
         "action_mode": action_mode,
         "K": K,
@@ -170,3 +180,6 @@ def bench_env(
         "steps_per_s": steps / wall,
         "steps_per_cpu_s": steps / cpu,
     }
+    if select:
+        out["step_mix"] = dict(zip(("admit", "launch", "preempt"), (k / steps for k in kinds), strict=True))
+    return out
