@@ -1,0 +1,366 @@
+"""The hindsight reference: how good a schedule of one workload can be when everything is known.
+
+A benchmark task's *headroom* is how far the best static heuristic is from the best schedule
+anyone could have run on the same workload. Computing the true optimum is out of reach for a
+thousand requests on a batching engine with a KV budget (the exact optimum exists only for small
+cuts of the round model, :mod:`llmsched_gym.optimum`), so :func:`hindsight` searches for a good
+schedule with the simulator in the loop, knowing the whole workload and the true output
+lengths:
+
+1. **Start**: every starting candidate (by default the whole static family of
+   :func:`baselines.static.static_family`) runs with true output lengths (the predictor set to
+   ``oracle``); the best is the *start*.
+2. **Parametric search** (the cross-entropy method, Rubinstein 1999; Rubinstein and Kroese 2004,
+   "The Cross-Entropy Method", chapter 4): per-request priorities ``(1 - beta) x rank(log(output
+   + a x prompt)) + beta x rank(arrival)``, from shortest true work first (``beta = 0``) to
+   FCFS (``beta = 1``), with the token budget and ``max_num_seqs`` drawn from the static grid.
+3. **Local search** on the per-request priority vector of the best schedule so far: a request
+   that waited is moved ahead of one admitted during its wait, or a request admitted while
+   others waited is moved behind them (one to sixteen requests per move, chosen in proportion to
+   their queueing delay), or the budget or the cap moves to a neighbour in the grid; a move is
+   kept when the metric improves.
+
+Every candidate runs on the real engine (same scenario, same seed: the same workload the
+entrants see) with :class:`PriorityOrder`, Sarathi's batch former reading the waiting queue in
+the order of a given priority vector (the same :class:`~baselines.static.OrderedBatcher` as the
+``static`` policies: a priority vector equal to an order's keys reproduces that static policy
+exactly). A run that leaves a request unfinished never counts. The result is the best of all
+runs, so its value is never worse than any starting candidate's on that seed.
+
+It is a reference, not an entrant: it reads the true lengths and the future arrivals.
+
+Budget: a 1000-request azure-conv workload runs in about 0.3 s on one core, so the default
+(the 84-spec static family and ``sims=150`` search runs) takes about 60-80 s per workload;
+pass the best few static specs as ``start`` to spend the time on the search.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from baselines.base import _fitted
+from baselines.static import OrderedBatcher, static_family
+from llmsched_gym.config import ConfigError, explicit_engine_keys, merge_engine_overrides
+from llmsched_gym.core.engine import Engine, EngineConfig
+from llmsched_gym.core.metrics import summarize
+from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
+from llmsched_gym.core.scheduler import EngineView
+
+CHUNKS = (0, 128, 256, 512, 1024, 2048)
+"""Token budgets the search moves between (0: whole prefill)."""
+SEQS = (16, 32, 64, 128, 256)
+"""``max_num_seqs`` values the search moves between."""
+DEFAULT_SIMS = 150
+"""Search runs after the starting candidates (parametric and local search together)."""
+TRUE_LENGTHS = {"workload.predictor": {"type": "oracle"}}
+"""The override that gives every candidate the true output lengths."""
+
+
+class PriorityOrder(OrderedBatcher):
+    """Sarathi's batch former admitting waiting requests by a fixed per-request priority (lower
+    first; ties by queue order); running requests decode, and a memory victim is chosen, in the
+    same order. Built directly by :func:`hindsight` (not in the policy catalogue).
+
+    :param priority: one number per request of the workload.
+    :param chunk_size: the token budget per iteration (0: whole-prompt prefill).
+    :param max_num_seqs: the cap on running requests.
+    """
+
+    name = "hindsight-priority"
+
+    def __init__(self, priority: np.ndarray, chunk_size: int = 512, max_num_seqs: int = 128,
+                 watermark: float = 0.01) -> None:
+        super().__init__(chunk_size=chunk_size, max_num_seqs=max_num_seqs, watermark=watermark)
+        self.priority = np.asarray(priority, dtype=np.float64)
+
+    def keys(self, view: EngineView, ids: np.ndarray) -> np.ndarray:
+        return self.priority[ids]
+
+    schedule = _fitted(OrderedBatcher.schedule)  # the plans registered policies get (fit_plan)
+
+
+@dataclass
+class HindsightResult:
+    """What :func:`hindsight` found.
+
+    :ivar value: the best metric value found (never worse than ``start_value``).
+    :ivar start_value: the best starting candidate's value.
+    :ivar start_spec: that candidate's policy spec.
+    :ivar spec: the best schedule's spec: a starting candidate's, or
+        ``{"name": "hindsight-priority", "chunk_size", "max_num_seqs"}`` with ``priority``.
+    :ivar priority: the best per-request priority vector (``None`` when a starting candidate won).
+    :ivar n_sims: engine runs, starting candidates included.
+    :ivar wall_s: seconds the search took.
+    :ivar trace: the best value after each run (for plots of the search).
+    """
+
+    value: float
+    start_value: float
+    start_spec: dict[str, Any]
+    spec: dict[str, Any]
+    priority: np.ndarray | None
+    n_sims: int
+    wall_s: float
+    lower_is_better: bool = True
+    trace: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def headroom(self) -> float:
+        """``(start - hindsight) / start`` in the metric's better direction (0 when nothing better
+        was found; ``nan`` when the start is 0 or not finite)."""
+        s, v = self.start_value, self.value
+        if not (math.isfinite(s) and math.isfinite(v)) or s == 0:
+            return math.nan
+        return (s - v) / abs(s) if self.lower_is_better else (v - s) / abs(s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the priority vector as a list)."""
+        d = asdict(self)
+        d["priority"] = None if self.priority is None else self.priority.tolist()
+        d["headroom"] = self.headroom
+        return d
+
+
+def _metric(summary: dict[str, Any], path: str) -> float:
+    node: Any = summary
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"metric: {path!r} is not in the run summary (missing {part!r})")
+        node = node[part]
+    return float(node)
+
+
+class _Runner:
+    """Runs schedulers on one fixed workload (built once) and scores them."""
+
+    def __init__(self, scenario: str | dict, overrides: dict[str, Any], seed: int, metric: str,
+                 lower_is_better: bool) -> None:
+        spec = resolve_scenario(scenario, overrides)
+        self.name = spec.get("name", "custom")
+        self.workload, config, self.latency = build_scenario(spec, seed)
+        self.explicit = explicit_engine_keys(overrides)
+        self.config = config
+        self._configs: dict[tuple, EngineConfig] = {}
+        self.seed, self.metric, self.sign = seed, metric, 1.0 if lower_is_better else -1.0
+        self.n_sims = 0
+
+    def run(self, scheduler) -> tuple[float, float, Engine]:
+        """``(cost, value, engine)``: cost is the value signed so that lower is better, ``inf``
+        when a request was left unfinished or rejected."""
+        ov = scheduler.engine_overrides
+        key = tuple(sorted(ov.items()))
+        if key not in self._configs:
+            fields = merge_engine_overrides(asdict(self.config), ov, self.explicit) if ov else asdict(self.config)
+            self._configs[key] = EngineConfig(**fields)
+        engine = Engine(self.workload, self._configs[key], self.latency, scheduler, seed=self.seed)
+        engine.run()
+        self.n_sims += 1
+        summary = summarize(engine, self.name, scheduler.name)
+        value = _metric(summary, self.metric)
+        done = summary["n_completed"] == len(self.workload)
+        cost = self.sign * value if done and math.isfinite(value) else math.inf
+        return cost, value, engine
+
+
+def _rank(x: np.ndarray) -> np.ndarray:
+    """Ranks of ``x`` scaled to [0, 1] (ties by index)."""
+    n = len(x)
+    r = np.empty(n)
+    r[np.argsort(x, kind="stable")] = np.arange(n)
+    return r / max(n - 1, 1)
+
+
+def _priority_of(spec: dict[str, Any], runner: _Runner, engine: Engine) -> np.ndarray:
+    """A priority vector that plays ``spec``'s order: its keys for the static orders, else the
+    admission times its run produced."""
+    wl = runner.workload
+    order = spec.get("order", "fcfs") if spec.get("name") == "static" else None
+    if order == "fcfs":
+        return np.arange(len(wl), dtype=np.float64)
+    if order == "prompt":
+        return wl.prompt_tokens.astype(np.float64)
+    if order == "output":
+        return wl.output_tokens.astype(np.float64)
+    if order == "total":
+        return (wl.prompt_tokens + wl.output_tokens).astype(np.float64)
+    first = np.asarray(engine.first_scheduled_s, dtype=np.float64).copy()
+    ok = np.isfinite(first)
+    first[~ok] = (first[ok].max() + 1.0) if ok.any() else 0.0
+    return _rank(first)
+
+
+def _knobs(spec: dict[str, Any]) -> tuple[int, int]:
+    return int(spec.get("chunk_size", 512)), int(spec.get("max_num_seqs", 128))
+
+
+def _near(grid: tuple[int, ...], value: int) -> int:
+    """Index of the grid value nearest ``value`` (on a log scale, 0 apart)."""
+    if value == 0:
+        return 0 if grid[0] == 0 else int(np.argmin(grid))
+    return int(np.argmin([abs(math.log(g / value)) if g else math.inf for g in grid]))
+
+
+def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, seed: int = 0,
+              metric: str = "serving.mean_e2el_ms", lower_is_better: bool = True, *,
+              start: list[dict[str, Any]] | None = None, sims: int = DEFAULT_SIMS, rng: int = 0) -> HindsightResult:
+    """Search the best schedule of one workload with everything known (module docstring).
+
+    :param scenario: a scenario name or dict (as :func:`llmsched_gym.sim.simulate`).
+    :param overrides: dotted overrides (the task's size and load); the predictor is set to ``oracle``.
+    :param seed: the workload's seed (the same workload the entrants run).
+    :param metric: dotted path into the run summary, e.g. ``serving.mean_e2el_ms``.
+    :param lower_is_better: the metric's direction.
+    :param start: starting policy specs (``{"name": ..., **params}``, any registered policy);
+        default: the whole static family with true lengths.
+    :param sims: search runs after the starting candidates (0: the best start only).
+    :param rng: seeds the search (same arguments and ``rng``: the same result).
+    :returns: a :class:`HindsightResult`; its ``value`` is never worse than the best start's.
+    """
+    from llmsched_gym.sim import make_policy
+
+    if sims < 0:
+        raise ConfigError(f"sims: must be >= 0, got {sims}")
+    t0 = time.perf_counter()
+    runner = _Runner(scenario, {**(overrides or {}), **TRUE_LENGTHS}, seed, metric, lower_is_better)
+    n = len(runner.workload)
+    gen = np.random.default_rng(rng)
+    trace: list[float] = []
+    best_cost = math.inf
+
+    def note(cost: float) -> None:
+        nonlocal best_cost
+        best_cost = min(best_cost, cost)
+        trace.append(runner.sign * best_cost)
+
+    # 1. starting candidates
+    starts = list(start) if start is not None else static_family("clairvoyant")
+    if not starts:
+        raise ConfigError("start: needs at least one policy spec")
+    s_cost, s_value, s_spec, s_engine = math.inf, math.nan, starts[0], None
+    for spec in starts:
+        cost, value, engine = runner.run(make_policy(dict(spec)))
+        note(cost)
+        if s_engine is None or cost < s_cost:
+            s_cost, s_value, s_spec, s_engine = cost, value, spec, engine
+    best = {"cost": s_cost, "value": s_value, "spec": dict(s_spec), "priority": None, "engine": s_engine}
+    # the best priority-expressible schedule so far, which the local search perturbs
+    cur_p = _priority_of(s_spec, runner, s_engine)
+    cur_c, cur_s = _knobs(s_spec)
+    cur_cost, cur_engine = math.inf, s_engine
+    left = sims
+
+    def try_priority(p: np.ndarray, chunk: int, seqs: int) -> tuple[float, Engine]:
+        nonlocal left
+        left -= 1
+        cost, value, engine = runner.run(PriorityOrder(p, chunk, seqs))
+        note(cost)
+        if cost < best["cost"]:
+            best.update(cost=cost, value=value, priority=p.copy(), engine=engine,
+                        spec={"name": PriorityOrder.name, "chunk_size": chunk, "max_num_seqs": seqs})
+        return cost, engine
+
+    if left > 0:  # the best start replayed as a priority vector (identical for the static orders)
+        cur_cost, cur_engine = try_priority(cur_p, cur_c, cur_s)
+
+    # 2. parametric search: cross-entropy method over (log10 a, beta, budget, cap)
+    wl = runner.workload
+    out = wl.output_tokens.astype(np.float64)
+    prompt = wl.prompt_tokens.astype(np.float64)
+    arrival_rank = _rank(np.arange(n, dtype=np.float64))
+    n_cem = left // 2
+    if n_cem >= 8:
+        pop = max(6, min(12, n_cem // 4))
+        mu, sd = np.array([-2.0, 0.2]), np.array([1.5, 0.3])
+        pc = np.full(len(CHUNKS), 1.0)
+        pc[_near(CHUNKS, cur_c)] += 2.0
+        ps = np.full(len(SEQS), 1.0)
+        ps[_near(SEQS, cur_s)] += 2.0
+        stop = left - n_cem
+        while left - pop >= stop:
+            samples = []
+            for _ in range(pop):
+                la, beta = gen.normal(mu, sd)
+                beta = float(np.clip(beta, 0.0, 1.0))
+                ci = int(gen.choice(len(CHUNKS), p=pc / pc.sum()))
+                si = int(gen.choice(len(SEQS), p=ps / ps.sum()))
+                p = (1 - beta) * _rank(np.log(out + 10.0 ** la * prompt)) + beta * arrival_rank
+                cost, engine = try_priority(p, CHUNKS[ci], SEQS[si])
+                samples.append((cost, la, beta, ci, si, p, engine))
+            samples.sort(key=lambda s: s[0])
+            elite = samples[: max(2, pop // 4)]
+            if elite[0][0] < cur_cost:
+                cur_cost, _, _, ci, si, cur_p, cur_engine = elite[0]
+                cur_c, cur_s = CHUNKS[ci], SEQS[si]
+            x = np.array([[e[1], e[2]] for e in elite])
+            mu = 0.3 * mu + 0.7 * x.mean(axis=0)
+            sd = np.maximum(0.3 * sd + 0.7 * x.std(axis=0), [0.1, 0.03])
+            pc = 0.5 * pc / pc.sum() + 0.5 * np.bincount([e[3] for e in elite], minlength=len(CHUNKS)) / len(elite)
+            ps = 0.5 * ps / ps.sum() + 0.5 * np.bincount([e[4] for e in elite], minlength=len(SEQS)) / len(elite)
+
+    # 3. local search on the per-request priorities of the best priority schedule
+    while left > 0:
+        p, chunk, seqs = cur_p.copy(), cur_c, cur_s
+        u = gen.random()
+        if u < 0.15:  # a knob moves to a neighbour
+            if gen.random() < 0.5:
+                chunk = CHUNKS[int(np.clip(_near(CHUNKS, chunk) + gen.choice([-1, 1]), 0, len(CHUNKS) - 1))]
+            else:
+                seqs = SEQS[int(np.clip(_near(SEQS, seqs) + gen.choice([-1, 1]), 0, len(SEQS) - 1))]
+        else:
+            p = _move(p, cur_engine, wl.arrival_s, gen, promote=u < 0.6)
+        if p is None or (chunk == cur_c and seqs == cur_s and np.array_equal(p, cur_p)):
+            left -= 1  # a move that changes nothing still spends a run of the budget
+            continue
+        cost, engine = try_priority(p, chunk, seqs)
+        if cost < cur_cost:
+            cur_cost, cur_p, cur_c, cur_s, cur_engine = cost, p, chunk, seqs, engine
+
+    return HindsightResult(value=best["value"], start_value=s_value, start_spec=dict(s_spec), spec=best["spec"],
+                           priority=best["priority"], n_sims=runner.n_sims, wall_s=time.perf_counter() - t0,
+                           lower_is_better=lower_is_better, trace=trace)
+
+
+def _move(p: np.ndarray, engine: Engine, arrival: np.ndarray, gen: np.random.Generator,
+          promote: bool) -> np.ndarray | None:
+    """Move 1-16 requests in the priority order, guided by the last run's queueing delays.
+
+    ``promote``: a request that waited (chosen in proportion to its delay) goes just ahead of a
+    request admitted during its wait; otherwise a request admitted while others waited (chosen in
+    proportion to its output length) goes just behind one of them."""
+    first = np.asarray(engine.first_scheduled_s, dtype=np.float64)
+    first = np.where(np.isfinite(first), first, arrival)
+    if promote:  # requests that waited, in proportion to their delay
+        weight = first - arrival
+    else:  # requests admitted while others waited, in proportion to their output length
+        waiting_then = (np.searchsorted(np.sort(arrival), first, side="right")
+                        - np.searchsorted(np.sort(first), first, side="right"))
+        weight = np.where(waiting_then > 0, engine.workload.output_tokens, 0).astype(np.float64)
+    cand = np.flatnonzero(weight > 0)
+    if len(cand) == 0:
+        return None
+    k = int(gen.choice([1, 1, 2, 4, 8, 16]))
+    movers = gen.choice(cand, size=min(k, len(cand)), replace=False, p=weight[cand] / weight[cand].sum())
+    p = p.copy()
+    for i in movers:
+        # requests admitted while i waited (the ones i competed with)
+        during = np.flatnonzero((first >= arrival[i]) & (first < first[i]))
+        if promote:
+            ahead = during[p[during] < p[i]]
+            if len(ahead):
+                j = int(gen.choice(ahead))
+                p[i] = p[j] - 1e-9 * (1 + abs(p[j]))
+        else:
+            # i was admitted while j waited: put i just behind j
+            rivals = np.flatnonzero((arrival <= first[i]) & (first > first[i]) & (p > p[i]))
+            if len(rivals):
+                j = int(gen.choice(rivals))
+                p[i] = p[j] + 1e-9 * (1 + abs(p[j]))
+    return p
+
+
+__all__ = ["CHUNKS", "DEFAULT_SIMS", "SEQS", "HindsightResult", "PriorityOrder", "hindsight"]
