@@ -57,7 +57,7 @@ PAPER = {
     "lcf": "vtc-arena", "rpm": "vtc-arena", "drr": "vtc-arena",
     "lpm": "klpm-toy", "k-lpm": "klpm-toy", "sglang-lpm": "klpm-toy",
     "echo": "echo-hybrid", "echo-bs": "echo-hybrid", "echo-bs-e": "echo-hybrid", "echo-bs-e-s": "echo-hybrid",
-    "fcfs": "azure-conv", "sjf": "azure-conv", "srpt": "azure-conv",
+    "fcfs": "azure-conv", "sjf": "azure-conv", "srpt": "azure-conv", "static": "azure-conv",
 }
 # candidates that listen to the engine's hooks but force no engine setting: alongside any policy
 # they must leave its run untouched
