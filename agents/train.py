@@ -185,7 +185,8 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
 
 class _TrainingWorkloads:
     """Env factory for worker ``rank``: episode ``j`` of worker ``r`` of ``n`` uses workload seed
-    ``base + r + n j``, whatever seed SB3 passes, so training never sees the held-out seeds."""
+    ``base + r + n j``, whatever seed SB3 passes, so training never sees the held-out seeds; in
+    SB3's ``Monitor`` for the episode statistics."""
 
     def __init__(self, scenario: str, env_kwargs: dict, rank: int, n_envs: int, base: int) -> None:
         self.scenario, self.env_kwargs, self.rank, self.n_envs, self.base = scenario, env_kwargs, rank, n_envs, base
@@ -208,7 +209,10 @@ class _TrainingWorkloads:
             def action_masks(self) -> np.ndarray:
                 return self.env.unwrapped.action_masks()
 
-        return SeedSequenceWrapper(make_env(scenario, env_kwargs))
+        from stable_baselines3.common.monitor import Monitor
+
+        # Monitor writes info["episode"], which SB3 logs as rollout/ep_rew_mean
+        return Monitor(SeedSequenceWrapper(make_env(scenario, env_kwargs)))
 
 
 MAX_INEXPRESSIBLE = 0.01

@@ -101,8 +101,8 @@ def test_maskable_ppo_trains_and_evaluates_with_masks():
 
 @pytest.mark.parametrize("mode", ["select", "meta"])
 def test_plain_ppo_with_defaults_runs_and_logs_episode_returns(mode):
-    # unmasked PPO: invalid actions are no-ops; info["episode"] feeds SB3's ep_info_buffer
-    # (rollout/ep_rew_mean in TensorBoard) without a Monitor wrapper
+    # unmasked PPO: invalid actions are no-ops; SB3 wraps the single env in its Monitor, whose
+    # info["episode"] feeds the ep_info_buffer (rollout/ep_rew_mean in TensorBoard)
     from stable_baselines3 import PPO
 
     env = gym.make(ENV_ID, scenario="jaillet-low", action_mode=mode, K=8, reward={"latency": 0.01},

@@ -120,11 +120,17 @@ class LLMSchedEnv(gym.Env):
     future-peak test (MC-SF) with predicted output lengths, in iterations. ``max_num_seqs`` caps
     the running requests plus those chosen.
 
-    **Masks.** ``env.action_masks()`` (bool, for sb3-contrib) and ``info["action_mask"]`` (int8) are
+    **Masks.** ``action_masks()`` (bool, for sb3-contrib) and ``info["action_mask"]`` (int8) are
     fresh arrays: ``select``: ``K + B + 2`` entries, the launches always valid, the preempts
     while a running request is left; ``subset``: ``2K`` entries, ``[choose 0, choose 1]`` per
     slot (sb3-contrib's MultiBinary layout); ``meta``: all candidates; ``priority``/``knob``/
-    ``tune``: ``K`` entries telling which slots are admissible now (information only).
+    ``tune``: ``K`` entries telling which slots are admissible now (information only). Where to
+    reach them: ``info["action_mask"]`` from ``reset`` and every ``step`` (a Gymnasium vector env
+    stacks it: ``infos["action_mask"]`` is ``(n_envs, n)``); through wrappers (``gymnasium.make``
+    adds ``TimeLimit``, which has no ``action_masks``) ``env.unwrapped.action_masks()`` or
+    ``env.get_wrapper_attr("action_masks")()``; ``venv.env_method("action_masks")`` on an SB3
+    VecEnv (what sb3-contrib's ``get_action_masks`` and ``MaskablePPO`` call) and
+    ``envs.unwrapped.call("action_masks")`` on a Gymnasium vector env.
 
     **Invalid actions** (``invalid_action``). Every action inside ``action_space`` is accepted:
     ``noop`` (default): a masked, out-of-range or malformed action launches the batch formed so
@@ -174,8 +180,13 @@ class LLMSchedEnv(gym.Env):
     or the engine's loop detector (``info["summary"]["non_terminating"]``). ``gymnasium.make``
     adds a step limit of one million steps (``max_episode_steps``). At the end ``info["summary"]``
     is the run summary (``llmsched run``'s JSON; its ``policy`` is ``"agent"``) and
-    ``info["episode"]`` holds ``r`` (return), ``l`` (steps) and ``t`` (seconds), as
-    ``RecordEpisodeStatistics`` writes it, so Stable-Baselines3 logs ``rollout/ep_rew_mean``.
+    ``info["episode_stats"]`` holds ``r`` (return), ``l`` (steps) and ``t`` (seconds) of the
+    episode. ``info["episode"]`` is left to the wrappers that write it: Gymnasium's
+    ``RecordEpisodeStatistics`` (single and vector; it refuses to overwrite the key) and
+    Stable-Baselines3's ``Monitor``, which SB3 adds around a single env itself and
+    ``make_vec_env`` around each env, and whose ``info["episode"]`` becomes
+    ``rollout/ep_rew_mean``. Over a whole episode the wrappers' ``r`` and ``l`` equal
+    ``episode_stats``'s.
 
     **Experts.** ``expert=`` attaches a policy (registered name, ``{{"name": ..., **params}}`` or a
     Scheduler): the env forwards the engine's hooks to it and applies its ``engine_overrides``, and
@@ -473,7 +484,8 @@ class LLMSchedEnv(gym.Env):
         return obs, reward, terminated, truncated, self._info(comps)
 
     def action_masks(self) -> np.ndarray:
-        """Valid actions now (a fresh bool array; see the class docstring for the layout per mode)."""
+        """Valid actions now: a fresh bool array, ``True`` = valid (the layout per mode is in the
+        class docstring's **Masks**; behind wrappers call ``env.unwrapped.action_masks()``)."""
         return self._mode.masks()
 
     def summary(self) -> dict[str, Any]:
@@ -608,7 +620,8 @@ class LLMSchedEnv(gym.Env):
         }
         if self._ended:
             info["summary"] = copy.deepcopy(self._summary)
-            info["episode"] = {"r": self._return, "l": self._steps, "t": round(time.perf_counter() - self._wall0, 6)}
+            info["episode_stats"] = {"r": self._return, "l": self._steps,
+                                     "t": round(time.perf_counter() - self._wall0, 6)}
         return info
 
 
