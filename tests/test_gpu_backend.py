@@ -230,3 +230,75 @@ def test_hbm_bound_counts_weights_plus_kv_once():
     weights_only = hbm_bound_decode_s(cfg, batch=1, ctx=0, bandwidth=1e12)
     assert weights_only == pytest.approx(2 * (cfg.n_params() - cfg.vocab * cfg.hidden) / 1e12)
     assert hbm_bound_decode_s(cfg, 8, 1000, 1e12) - weights_only == pytest.approx(8 * 1000 * 524_288 / 1e12)
+
+
+# --- without a GPU: one line, never a silent full-size CPU model ---------------------------------
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A machine whose torch sees no CUDA device (whatever this one has)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    built: list[str] = []
+    real_init = LlamaExecutor.__init__
+
+    def spy(self, config, *args, **kwargs):
+        built.append(config.name)
+        real_init(self, config, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaExecutor, "__init__", spy)
+    return built
+
+
+def test_a_full_size_model_without_a_gpu_is_refused_before_any_weight_is_built(no_gpu):
+    from llmsched_gym.backends.gpu.backend import NoGPUError, make_executor
+
+    for model in ("llama-3-8b", "llama-2-7b", "llama-3.2-1b"):
+        with pytest.raises(NoGPUError, match=rf"gpu:{model}: no CUDA GPU found .*tiny model.*CPU for tests"):
+            make_executor(model)
+    with pytest.raises(NoGPUError, match="device 'cuda': no CUDA GPU found"):
+        make_executor("tiny", "cuda")
+    assert no_gpu == []
+    ex = make_executor("tiny", num_blocks=8)  # the toy shape runs on the CPU without asking
+    assert ex.device.type == "cpu" and no_gpu == ["tiny"]
+
+
+def test_an_explicit_cpu_device_needs_the_memory_for_the_float32_weights(no_gpu, monkeypatch):
+    from llmsched_gym.backends.gpu import backend
+    from llmsched_gym.backends.gpu.backend import NoGPUError, resolve_device
+
+    monkeypatch.setattr(backend, "_free_memory_bytes", lambda: 8 * 2**30)
+    cfg = get_config("llama-3-8b")  # 8.0e9 parameters: 30 GiB in float32
+    with pytest.raises(NoGPUError, match="device 'cpu': llama-3-8b needs about 30 GiB .* 8 GiB are free"):
+        resolve_device(cfg, "cpu")
+    monkeypatch.setattr(backend, "_free_memory_bytes", lambda: 64 * 2**30)
+    assert resolve_device(cfg, "cpu") == "cpu"
+    assert no_gpu == []
+
+
+def test_the_gpu_env_and_commands_say_so_in_one_line_without_a_gpu(no_gpu, tmp_path, capsys):
+    import gymnasium as gym
+
+    import llmsched_gym  # noqa: F401  (registers the ids)
+    from llmsched_gym.backends.gpu.cli import main as gpu_main
+    from llmsched_gym.cli import main
+    from llmsched_gym.config import ConfigError
+
+    env = gym.make("LLMSchedGPU-v0", n_requests=5)
+    with pytest.raises(ConfigError, match="gpu:llama-3-8b: no CUDA GPU found"):
+        env.reset(seed=0)
+    log = tmp_path / "it.csv"
+    assert main(["run", "--scenario", "jaillet-low", "--set", "workload.n_requests=5", "--quiet",
+                 "--log-iterations", str(log), "--log-batches"]) == 0
+    for argv in (["run", "--scenario", "jaillet-low", "--latency", "gpu:llama-3-8b", "--quiet"],
+                 ["gpu", "calibrate", "--model", "llama-2-7b", "--out", str(tmp_path / "c")],
+                 ["gpu", "replay", str(log), "--model", "llama-3-8b", "--out", str(tmp_path / "r")],
+                 ["gpu", "calibrate", "--model", "tiny", "--device", "cuda", "--out", str(tmp_path / "c")]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no CUDA GPU found" in err and "tiny" in err, (argv, err)
+        if argv[0] == "gpu":  # the standalone entry point of the GPU machine says the same
+            assert gpu_main(argv) == 2
+            assert capsys.readouterr().err == err
+    assert no_gpu == []

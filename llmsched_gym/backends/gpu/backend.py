@@ -21,6 +21,7 @@ import numpy as np
 
 from llmsched_gym.backends.gpu.config import LlamaConfig, get_config
 from llmsched_gym.backends.gpu.executor import DecodeEntry, LlamaExecutor, PrefillEntry
+from llmsched_gym.config import ConfigError
 from llmsched_gym.core.latency import LatencyModel
 
 PROFILE_COLUMNS = (
@@ -34,17 +35,71 @@ PROFILE_COLUMNS = (
 """Header of ``profile.csv`` (the table model's contract): one row per measured batch."""
 
 
+CPU_MODELS = ("tiny",)
+"""Presets that run on the CPU without asking (a toy shape for tests); any other needs a GPU, or
+``device="cpu"`` given explicitly and the memory for its float32 weights."""
+
+
+class NoGPUError(ConfigError):
+    """The backend was asked for a GPU the machine does not have (one line: what to do instead)."""
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("gpu backend: needs PyTorch (pip install torch, or the project's rl extra)") from None
+    return torch
+
+
 def default_device() -> str:
     """``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
-    import torch
+    return "cuda" if _torch().cuda.is_available() else "cpu"
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+def _free_memory_bytes() -> int | None:
+    """Free physical memory (Linux and macOS ``sysconf``), or ``None`` where it cannot be read."""
+    import os
+
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def resolve_device(config: LlamaConfig, device: str | None) -> str:
+    """The device to run ``config`` on, refusing in one line what would fail or crawl.
+
+    ``None``: CUDA when torch sees a GPU; without one only the :data:`CPU_MODELS` run (on the CPU),
+    any other model raises :class:`NoGPUError` rather than building a full-size float32 model on
+    the CPU. ``"cuda"`` without a GPU raises too. An explicit ``"cpu"`` runs any model whose
+    float32 weights fit in the free memory.
+    """
+    torch = _torch()
+    has_gpu = torch.cuda.is_available()
+    advice = ("run it on a machine with a CUDA GPU, or use the tiny model, which runs on the CPU for tests "
+              "(gpu:tiny, --model tiny)")
+    if device is None:
+        if has_gpu:
+            return "cuda"
+        if config.name in CPU_MODELS:
+            return "cpu"
+        raise NoGPUError(f"gpu:{config.name}: no CUDA GPU found (torch.cuda.is_available() is False); {advice}")
+    if device.startswith("cuda") and not has_gpu:
+        raise NoGPUError(f"device {device!r}: no CUDA GPU found (torch.cuda.is_available() is False); {advice}")
+    if device == "cpu" and config.name not in CPU_MODELS:
+        need, free = 4 * config.n_params(), _free_memory_bytes()
+        if free is not None and need > free:
+            raise NoGPUError(f"device 'cpu': {config.name} needs about {need / 2**30:.0f} GiB for its float32 "
+                             f"weights, {free / 2**30:.0f} GiB are free; {advice}")
+    return device
 
 
 def make_executor(model: str | LlamaConfig, device: str | None = None, **executor_kwargs) -> LlamaExecutor:
-    """An executor for a preset name or config; ``device=None`` picks CUDA when available."""
+    """An executor for a preset name or config on :func:`resolve_device`'s device (``None``: the
+    GPU; without one only the tiny model, on the CPU)."""
     config = get_config(model) if isinstance(model, str) else model
-    return LlamaExecutor(config, device=device or default_device(), **executor_kwargs)
+    return LlamaExecutor(config, device=resolve_device(config, device), **executor_kwargs)
 
 
 class GPULatency(LatencyModel):
@@ -54,7 +109,7 @@ class GPULatency(LatencyModel):
     exact composition and :meth:`release` when a request's KV is freed.
 
     :param model: preset name (see ``config.PRESETS``) or a :class:`LlamaConfig`.
-    :param device: ``"cuda"``, ``"cpu"`` or ``None`` (CUDA when available).
+    :param device: ``"cuda"``, ``"cpu"`` or ``None`` (the GPU; see :func:`resolve_device`).
     :param executor_kwargs: passed to :class:`LlamaExecutor` (``num_blocks``, ``block_size``...).
     """
 

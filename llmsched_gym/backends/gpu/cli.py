@@ -8,6 +8,7 @@ in ``args.func`` (called with the parsed ``args``, returns an exit code). Standa
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from llmsched_gym.backends.gpu.config import PRESETS
@@ -22,7 +23,8 @@ def add_gpu_subcommands(subparsers: argparse._SubParsersAction) -> None:
 
     def common(p: argparse.ArgumentParser, out: str) -> None:
         p.add_argument("--model", required=True, help=f"model shape: {', '.join(PRESETS)}")
-        p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
+        p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                       help="default: the GPU; without one only --model tiny runs (on the CPU, for tests)")
         p.add_argument("--out", default=out, help="output folder")
 
     cal = sub.add_parser("calibrate", help="profile prefill/decode grids, write profile.csv, fit models",
@@ -123,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llmsched-gpu")
     add_gpu_subcommands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as e:  # ConfigError (no GPU, bad input) is a ValueError
+        print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
