@@ -58,6 +58,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     check_run_name(args.name)
     check_output_dir(args.out, "--out")
+    if args.bc_from is not None and args.bc_from.strip().lower() != "none":
+        from baselines import validate_spec
+
+        validate_spec(args.bc_from, "--bc-from")
     from agents.train import TrainConfig, train
 
     overrides, _ = _sets(args.set)

@@ -102,18 +102,14 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def parse_policy_spec(spec: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    """A baseline for cloning: ``NAME``, ``NAME:key=value,key=value`` or ``{"name": ..., **params}``;
+    """A baseline for cloning: ``NAME``, ``NAME:key=value,key=value`` or ``{"name": ..., **params}``
+    (checked by ``baselines.validate_spec``: an unknown name, parameter or value is a PolicyError);
     ``None`` or ``"none"``: no cloning."""
-    if spec is None or isinstance(spec, dict):
-        return spec
-    if spec.strip().lower() == "none":
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "none"):
         return None
-    if ":" not in spec:
-        return spec
-    from llmsched_gym.config import parse_sets
+    from baselines import validate_spec
 
-    name, params = spec.split(":", 1)
-    return {"name": name, **parse_sets([p for p in params.split(",") if p.strip()], "bc.from")}
+    return validate_spec(spec, "bc.from")
 
 
 @dataclass(frozen=True)

@@ -106,5 +106,68 @@ def make_policy(name: str, **params: Any):
     return policy_class(name)(**params)
 
 
-__all__ = ["POLICIES", "REGISTRY", "PolicyEntry", "PolicyError", "available", "make_policy", "policy_class",
-           "policy_params", "register"]
+def _split_params(text: str) -> list[str]:
+    """``k=v,k=[1,2],k=v`` split at the commas outside brackets and braces."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "[{"
+        depth -= ch in "]}"
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def parse_spec(spec: str | dict[str, Any], flag: str = "policy") -> str | dict[str, Any]:
+    """A policy spec as every command takes it: ``NAME`` or ``NAME:key=value,key=value`` (values
+    parsed as ``--set`` values: ``sarathi:chunk_size=256``, ``wait:thresholds=[1,2]``), or a dict
+    ``{"name": NAME, **params}`` (returned as a copy).
+
+    :returns: ``NAME`` when there are no parameters, else ``{"name": NAME, **params}``.
+    :raises PolicyError: a malformed spec (one line starting with ``flag``).
+    """
+    if isinstance(spec, dict):
+        if not isinstance(spec.get("name"), str):
+            raise PolicyError(f"{flag}: expected {{'name': NAME, ...}}, got {spec!r}")
+        return dict(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise PolicyError(f"{flag}: expected NAME or NAME:key=value,..., got {spec!r}")
+    from llmsched_gym.config import ConfigError, parse_sets
+
+    name, sep, params = spec.strip().partition(":")
+    if not sep:
+        return name
+    try:
+        parsed = parse_sets(_split_params(params), f"{flag} {spec.strip()!r}:")
+    except ConfigError as e:
+        raise PolicyError(str(e)) from None
+    return {"name": name.strip(), **parsed} if parsed else name.strip()
+
+
+def validate_spec(spec: str | dict[str, Any], flag: str = "policy") -> str | dict[str, Any]:
+    """:func:`parse_spec`, then build the policy once, so an unknown name, an unknown parameter or
+    a bad value fails here, in one line, before any run starts.
+
+    >>> validate_spec("sarathi:chunk_size=256")
+    {'name': 'sarathi', 'chunk_size': 256}
+
+    :raises PolicyError: ``--policy 'sarathi:chunksize=256': policy.chunksize: unknown parameter
+        of 'sarathi'; allowed: chunk_size, max_num_seqs, watermark``.
+    """
+    parsed = parse_spec(spec, flag)
+    name, params = (parsed, {}) if isinstance(parsed, str) else (parsed["name"], {k: v for k, v in parsed.items()
+                                                                                 if k != "name"})
+    try:
+        make_policy(name, **params)
+    except PolicyError as e:
+        raise PolicyError(f"{flag} {_show(spec)}: {e}") from None
+    return parsed
+
+
+def _show(spec: str | dict[str, Any]) -> str:
+    return repr(spec) if isinstance(spec, str) else repr(spec.get("name", spec))
+
+
+__all__ = ["POLICIES", "REGISTRY", "PolicyEntry", "PolicyError", "available", "make_policy", "parse_spec",
+           "policy_class", "policy_params", "register", "validate_spec"]

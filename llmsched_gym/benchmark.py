@@ -236,8 +236,9 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     :param baselines: the default-parameter references (default: every registered policy).
     :returns: the ``results.json`` content.
     """
-    from baselines import available
+    from baselines import available, validate_spec
 
+    policies = [validate_spec(p, "policies") for p in policies or []]  # one line before anything runs
     t0 = time.perf_counter()
     by_name = {t.name: t for t in TASKS}
     names = tasks or (list(QUICK_TASKS) if quick else list(by_name))

@@ -155,17 +155,19 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from baselines import validate_spec
     from llmsched_gym.config import check_output_file, parse_sets, split_policy_sets
     from llmsched_gym.sim import simulate
 
     if args.log_batches and not args.log_iterations:
         raise ConfigError("--log-batches: needs --log-iterations PATH (the batches go beside that CSV)")
+    policy = None if args.policy is None else validate_spec(args.policy, "--policy")
     sets, policy_params = split_policy_sets(parse_sets(args.set))
     check_output_file(args.json, "--json")
     check_output_file(args.log_iterations, "--log-iterations")
     if args.latency:
         sets["latency"] = args.latency
-    result = simulate(args.scenario, args.policy, args.seed, sets, policy_params,
+    result = simulate(args.scenario, policy, args.seed, sets, policy_params,
                       log_batches=args.log_batches)
     s = result.summary
     if args.reference:
@@ -198,16 +200,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_benchmark(args: argparse.Namespace) -> int:
+    from baselines import validate_spec
     from llmsched_gym.benchmark import run_benchmark
-    from llmsched_gym.config import check_output_dir, parse_sets
+    from llmsched_gym.config import check_output_dir
     from llmsched_gym.parallel import settings_from
 
+    policies = [validate_spec(spec, "--policy") for spec in args.policy or []]
     check_output_dir(args.out, "--out")
-    policies: list[str | dict[str, Any]] = []
-    for spec in args.policy or []:
-        name, _, params = spec.partition(":")
-        policies.append({"name": name, **parse_sets([p for p in params.split(",") if p.strip()], "--policy")}
-                        if params else name)
     say = None if args.quiet else (lambda m: print(f"  {m}", flush=True))
     results = run_benchmark(args.task, policies, args.agent, quick=args.quick, best_model=args.best, out=args.out,
                             progress=say, settings=settings_from(args, progress=not args.quiet))
@@ -270,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("run", help="run one policy on one scenario", formatter_class=HelpFormatter)
     sp.add_argument("--scenario", default="azure-conv",
                     help="scenario name (`llmsched list`), a .yml scenario file, or trace:FORMAT:PATH")
-    sp.add_argument("--policy", default=None, help="policy name (default: the scenario's)")
+    sp.add_argument("--policy", default=None, metavar="NAME[:k=v,...]",
+                    help="policy, e.g. sarathi or sarathi:chunk_size=256 (default: the scenario's)")
     sp.add_argument("--seed", type=int, default=0, help="seeds the workload, the engine and the policy")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override: workload.X, engine.X, latency, policy.X (repeatable)")
