@@ -259,7 +259,7 @@ def test_a_full_size_model_without_a_gpu_is_refused_before_any_weight_is_built(n
     with pytest.raises(NoGPUError, match="device 'cuda': no CUDA GPU found"):
         make_executor("tiny", "cuda")
     assert no_gpu == []
-    ex = make_executor("tiny", num_blocks=8)  # the toy shape runs on the CPU without asking
+    ex = make_executor("tiny", num_blocks=64)  # the toy shape runs on the CPU without asking
     assert ex.device.type == "cpu" and no_gpu == ["tiny"]
 
 
