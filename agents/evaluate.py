@@ -110,7 +110,10 @@ def compare(scenario: str, seeds: list[int], loads: list[float], policies: list[
             "agent_env_kwargs": {a.name: a.env_kwargs for a in agents}}
     results = write_report(records, out, meta, skipped, names, plots)
     if not quiet:
-        print_table(aggregate(records), names, title=scenario)
+        from llmsched_gym.data import synthetic_note
+
+        print_table(aggregate(records), names,
+                    title=scenario + (synthetic_note(records[0].summary.get("workload_source")) if records else ""))
         for k, v in skipped.items():
             print(f"  skipped {k}: {v}")
         print(f"report: {Path(out) / 'report.md'} ({time.perf_counter() - t0:.1f}s)")

@@ -2,8 +2,9 @@
 
 Sections (``--only``, repeatable; the default runs engine and env):
 
-* ``engine``: the Azure-conv trace (19,366 requests with their own arrival times) on the
-  Llama-2-7B/A100 roofline preset with paged KV and FCFS, reporting simulated requests/s,
+* ``engine``: the Azure-conv trace (19,366 requests with their own arrival times; its synthetic
+  stand-in where the trace is absent, said in the title) on the scenario's batch-time model
+  (``calibrated:llama-2-7b/a100``) with paged KV and FCFS, reporting simulated requests/s,
   iterations/s, setup time (start to first iteration) and the wall time of the whole
   ``llmsched run`` process.
 * ``overload``: jaillet-high with MC-SF (arrivals at 50/s, about five times what the worker
@@ -179,6 +180,8 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
     from rich.console import Console
     from rich.table import Table
 
+    from llmsched_gym.sim import what_runs
+
     sections = sections or ["engine", "env"]
     con = Console()
     report: dict[str, Any] = {"python": sys.version.split()[0], "cpu_count": os.cpu_count()}
@@ -186,8 +189,9 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
         eng = bench_engine(repeats=1 if quick else 3)
         eng.update(bench_process(repeats=1 if quick else 3))
         eng.update(bench_import())
+        eng.update(what_runs("azure-conv"))  # the real trace or its stand-in, and the latency model
         report["engine"] = eng
-        t = Table(title="engine: azure-conv, FCFS, Llama-2-7B/A100 roofline, paged KV")
+        t = Table(title=f"engine: {eng['title']}, FCFS, paged KV")
         t.add_column("metric")
         t.add_column("value", justify="right")
         for k in ("requests", "iterations", "setup_s", "run_s", "sim_requests_per_s", "sim_iterations_per_s",
@@ -218,14 +222,14 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
             con.print("env: not available")
         else:
             steps = 5_000 if quick else 50_000
-            runs = {sc: bench_env(sc, steps=steps) for sc in ENV_SCENARIOS}
+            runs = {sc: {**bench_env(sc, steps=steps), **what_runs(sc)} for sc in ENV_SCENARIOS}
             report["env"] = runs
             t = Table(title=f"env: LLMSched-v0 default mode (select), random masked actions, {steps:,} steps, one core")
             keys = ("n_requests", "episodes", "iterations", "requests_completed", "wall_s", "steps_per_s",
                     "steps_per_cpu_s")
             t.add_column("metric")
             for sc in runs:
-                t.add_column(sc, justify="right")
+                t.add_column(runs[sc]["title"], justify="right")
             for k in keys:
                 t.add_row(k, *(f"{r[k]:,.3f}" if isinstance(r[k], float) else str(r[k]) for r in runs.values()))
             t.add_row("steps: admit / launch / preempt", *(

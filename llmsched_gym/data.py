@@ -281,11 +281,36 @@ def notify_fallback(name: str) -> None:
               file=sys.stderr)
 
 
+def trace_source(path: Path, ds: Dataset | None) -> dict:
+    """A trace file's ``workload_source``: ``{"kind": "trace", "name", "sha256"}``.
+
+    A file found under a known name (in the cache, ``../shared`` or ``$LLMSCHED_TRACES``, where
+    anyone may have put it by hand) is checked against the known sha256. On a mismatch it still
+    runs, as given, but the source says ``"verified": false`` with the ``expected_sha256``, the
+    titles say "not the published NAME", and one line on stderr says so (once per file).
+    """
+    got = sha256_of(path)
+    if ds is None:
+        return {"kind": "trace", "name": str(path), "sha256": got}
+    if got == ds.sha256:
+        return {"kind": "trace", "name": ds.name, "sha256": got}
+    if str(path) not in _NOTIFIED:
+        _NOTIFIED.add(str(path))
+        print(f"{ds.name}: {path} is not the published file (sha256 {got[:12]}..., expected {ds.sha256[:12]}...); "
+              f"running it as given (workload_source says so); `llmsched data download {ds.name}` fetches the "
+              "published one", file=sys.stderr)
+    return {"kind": "trace", "name": ds.name, "sha256": got, "verified": False, "expected_sha256": ds.sha256}
+
+
 def synthetic_note(source: dict | None) -> str:
-    """`` (synthetic stand-in for NAME)`` when a summary's ``workload_source`` is a stand-in, else
-    ``""``: reports append it to their titles, so a synthetic run never passes for the real trace."""
+    """`` (synthetic stand-in for NAME)`` when a summary's ``workload_source`` is a stand-in,
+    `` (not the published NAME: sha256 mismatch)`` for a hand-placed file that failed its
+    checksum, else ``""``: reports and console tables append it to their titles, so neither passes
+    for the real trace."""
     if source and source.get("kind") == "synthetic":
         return f" (synthetic stand-in for {source['name']})"
+    if source and source.get("verified") is False:
+        return f" (not the published {source['name']}: sha256 mismatch)"
     return ""
 
 

@@ -37,7 +37,10 @@ def baseline_table(scenario: str, seed: int, n_requests: int | None) -> None:
     over = {"workload.n_requests": n_requests} if n_requests else {}
     names = [n for n in DEMO_POLICIES if n in available()]
     records, skipped = run_baselines(scenario, names, [seed], [1.0], over)
-    print_table(aggregate(records), title=f"{scenario}, seed {seed}")
+    from llmsched_gym.data import synthetic_note
+
+    note = synthetic_note(records[0].summary.get("workload_source")) if records else ""
+    print_table(aggregate(records), title=f"{scenario}{note}, seed {seed}")
     for k, v in skipped.items():
         print(f"  skipped {k}: {v}")
 
@@ -86,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"workload.n_requests": args.train_requests} if args.train_requests else {}
     if quick:
         overrides.setdefault("workload.n_requests", 100)
-    print(f"[1/3] training PPO in {DEMO_MODE} mode on {args.scenario} ({timesteps} steps; recipe agents/hyperparams/ppo.yml)")
+    from llmsched_gym.sim import what_runs
+
+    print(f"[1/3] training PPO in {DEMO_MODE} mode on {what_runs(args.scenario)['title']} ({timesteps} steps; "
+          "recipe agents/hyperparams/ppo.yml)")
     meta = train(TrainConfig(
         scenario=args.scenario, name="train", out=args.out, timesteps=timesteps, env_kwargs={"action_mode": DEMO_MODE},
         overrides=overrides, hyperparams=hp, validation_requests=150 if quick else None,

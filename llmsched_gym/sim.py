@@ -103,3 +103,17 @@ def simulate(
     wall = time.perf_counter() - t0
     summary = summarize(engine, spec.get("name", "custom"), engine.scheduler.name, wall)
     return SimResult(summary, request_table(engine), engine.iteration_log(), engine, setup)
+
+
+def what_runs(scenario: str | dict, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The scenario's ``workload_source`` and batch-time model as a run of it would use them on
+    this machine (the real trace or its synthetic stand-in; a Vidur profile or its calibrated
+    stand-in), and the title text saying so."""
+    from llmsched_gym.data import synthetic_note
+
+    engine, spec = make_engine(scenario, seed=0, overrides={**(overrides or {}), "workload.n_requests": 1})
+    name = spec.get("name", "custom")
+    source = engine.workload.meta.get("workload_source", {"kind": "generator", "name": name, "sha256": None})
+    latency = str(getattr(engine.latency, "name", type(engine.latency).__name__))
+    engine.close()
+    return {"workload_source": source, "latency_model": latency, "title": f"{name}{synthetic_note(source)}, {latency}"}

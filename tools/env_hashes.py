@@ -56,7 +56,9 @@ def fingerprint(scenario: str, setting: dict, steps: int = 1500) -> str:
         h.update(repr(sorted(info["reward_components"].items())).encode())
         h.update(repr((info["invalid_actions"], info["clock_s"])).encode())
         if "summary" in info:
-            h.update(repr(sorted((k, v) for k, v in info["summary"].items() if k != "wall_time_s")).encode())
+            # latency_model: a label added later, which would make every older revision differ
+            h.update(repr(sorted((k, v) for k, v in info["summary"].items()
+                                 if k not in ("wall_time_s", "latency_model"))).encode())
 
     add(obs, 0.0, info)
     for _ in range(steps):

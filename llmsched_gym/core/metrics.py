@@ -186,6 +186,9 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         # missing trace, or the scenario's own generator
         "workload_source": wl.meta.get("workload_source",
                                        {"kind": "generator", "name": scenario, "sha256": None}),
+        # the batch-time model that ran (a spec that rebuilds it): a missing Vidur profile's
+        # calibrated stand-in shows here
+        "latency_model": str(getattr(engine.latency, "name", type(engine.latency).__name__)),
         "n_arrived": n_arrived,
         "n_completed": n_completed,
         "n_rejected": n_rejected,

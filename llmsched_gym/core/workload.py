@@ -893,7 +893,7 @@ def _from_trace(b: _Builder, spec: dict, n: int | None, horizon_s: float | None)
         data.notify_fallback(ds.name)
         source = {"kind": "synthetic", "name": ds.name, "sha256": None}
     else:
-        source = {"kind": "trace", "name": ds.name if ds else str(found), "sha256": data.sha256_of(found)}
+        source = data.trace_source(found, ds)  # a known name is checked against its published sha256
     if found is None:
         wl = traces.SYNTHETIC[fmt](b.seed)
     elif fmt == "sharegpt":

@@ -74,6 +74,7 @@ def run_one(scenario: str, policy: str) -> dict[str, Any]:
         except ValueError as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
     s.pop("wall_time_s", None)
+    s.pop("latency_model", None)  # added after the recording; the scenario's latency spec decides it
     return _clean(s)
 
 
