@@ -131,10 +131,15 @@ def default_algo(action_mode: str) -> str:
     return "ppo" if action_mode in ("priority", "knob", "tune") else "maskable-ppo"
 
 
+def hyperparams_path(algo: str, path: str | None = None) -> Path:
+    """The hyperparameter file: ``path`` (``--hyperparams``), else ``agents/hyperparams/ALGO.yml``."""
+    return Path(path) if path else HYPERPARAMS_DIR / f"{algo.replace('-', '_')}.yml"
+
+
 def load_hyperparams(scenario: str, algo: str, path: str | None = None) -> dict[str, Any]:
     """The ``default`` entry of the algorithm's YAML with the scenario's entry merged over it; every
     entry is checked against :data:`llmsched_gym.config.HYPERPARAMS` (one-line ConfigError)."""
-    p = Path(path) if path else HYPERPARAMS_DIR / f"{algo.replace('-', '_')}.yml"
+    p = hyperparams_path(algo, path)
     table = load_yaml(p, "hyperparams")
     if table is None:
         table = {}
@@ -177,6 +182,46 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
     hp["bc"] = {"from": source, "episodes": BEHAVIOUR_CLONING["episodes"].check("--bc-episodes", episodes),
                 "epochs": BEHAVIOUR_CLONING["epochs"].check("--bc-epochs", epochs)}
     return hp
+
+
+def recipe(cfg: TrainConfig, hp: dict[str, Any]) -> dict[str, Any]:
+    """Which recipe :func:`resolve` chose, and why (printed by ``llmsched train``, kept in ``run.json``).
+
+    The rule: every setting comes from the command line if given there, else from the scenario's
+    entry of the hyperparameter file, else from that file's ``default`` entry. The file is
+    ``--hyperparams``, else the algorithm's (``maskable_ppo.yml`` for MaskablePPO, ``ppo.yml`` for
+    PPO). The algorithm is ``--algo``, else the action mode's (PPO for ``priority``/``knob``/``tune``,
+    which sb3-contrib cannot mask, MaskablePPO otherwise); the action mode is ``--action-mode``, else
+    ``maskable_ppo.yml``'s entry, and when that entry names a PPO mode, ``ppo.yml``'s entry applies.
+    """
+    path = hyperparams_path(hp["algo"], cfg.hyperparams_file)
+    table = load_yaml(path, "hyperparams") or {}
+    entry = cfg.scenario if cfg.scenario in table else "default"
+    try:
+        shown = str(path.resolve().relative_to(HYPERPARAMS_DIR.parent.parent))
+    except ValueError:
+        shown = str(path)
+    env = hp["env_kwargs"]
+    own_env = ((table.get(entry) or {}).get("env_kwargs") or {}) if isinstance(table, dict) else {}
+    teacher = hp["bc"]["from"]
+    return {
+        "file": shown, "entry": entry, "algo": hp["algo"],
+        "algo_from": "--algo" if cfg.algo else "the action mode",
+        "action_mode": env.get("action_mode", "select"),
+        "action_mode_from": "--action-mode" if cfg.env_kwargs.get("action_mode") else
+                            f"the file's {entry if 'action_mode' in own_env else 'default'} entry",
+        "timesteps": int(hp["n_timesteps"]), "n_envs": int(hp.get("n_envs", 1)),
+        "bc_from": teacher if teacher is None or isinstance(teacher, str) else dict(teacher),
+    }
+
+
+def recipe_line(r: dict[str, Any]) -> str:
+    """``recipe: agents/hyperparams/ppo.yml, entry azure-conv: ppo (the action mode), action mode ...``"""
+    entry = r["entry"] if r["entry"] == "default" else f"{r['entry']} (over default)"
+    bc = r["bc_from"] if isinstance(r["bc_from"], str) or r["bc_from"] is None else r["bc_from"]["name"]
+    return (f"recipe: {r['file']}, entry {entry}: {r['algo']} (from {r['algo_from']}), action mode "
+            f"{r['action_mode']} (from {r['action_mode_from']}), {r['timesteps']:,} steps, {r['n_envs']} env{'s' * (r['n_envs'] != 1)}"
+            + (f", behaviour cloning of {bc}" if bc else ""))
 
 
 class _TrainingWorkloads:
@@ -351,6 +396,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     hp = resolve(cfg)
     algo = hp["algo"]
     env_kwargs = hp["env_kwargs"]
+    chosen = recipe(cfg, hp)
+    print(recipe_line(chosen), flush=True)
     name = cfg.name or f"{cfg.scenario}-{env_kwargs.get('action_mode', 'select')}-s{cfg.seed}"
     check_run_name(name, "name")
     run_dir = Path(cfg.out) / name
@@ -420,7 +467,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 
     # settings and seeds first, so that checkpoints of an interrupted run can be evaluated
     meta: dict[str, Any] = {
-        "name": name, "scenario": cfg.scenario, "algo": algo, "config": asdict(cfg), "hyperparams": hp,
+        "name": name, "scenario": cfg.scenario, "algo": algo, "recipe": chosen, "config": asdict(cfg), "hyperparams": hp,
         "env_kwargs": env_kwargs, "overrides": env_kwargs.get("overrides", {}),
         "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
                   "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},

@@ -47,7 +47,7 @@ def baseline_table(scenario: str, seed: int, n_requests: int | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m llmsched_gym.demo")
-    p.add_argument("--scenario", default="azure-conv")
+    p.add_argument("--scenario", default="azure-conv", help="scenario (default: azure-conv)")
     p.add_argument("--timesteps", type=int, default=None,
                    help=f"training timesteps (default {DEMO_TIMESTEPS:,}; quick 1,024)")
     p.add_argument("--train-requests", type=int, default=None, help="requests per training episode")
