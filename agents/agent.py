@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from agents.storage import AgentFileError, build_model, read_agent_file, restore_vecnormalize
+from agents.storage import (
+    MAX_JSON_BYTES,
+    RLLIB_FORMAT,
+    AgentFileError,
+    build_model,
+    read_agent_file,
+    restore_vecnormalize,
+)
 
 ENV_ID = "llmsched_gym:LLMSched-v0"
 
@@ -96,16 +103,14 @@ def load_agent(path: str | Path, best: bool = False, trust_model: bool = False) 
     Only the safe files are read (:mod:`agents.storage`: JSON and safetensors, no code runs). An
     SB3 ``.zip`` (and its ``vecnormalize`` pickle), from older runs or from elsewhere, is loaded
     only with ``trust_model=True`` (``--trust-model``): unpickling it runs any code it carries.
+    An RLlib run (:mod:`agents.rllib`) is read from its ``model.json`` + ``model.safetensors`` the
+    same way; its pickled ``rl_module/`` checkpoint likewise only with ``trust_model=True``.
     """
     p = Path(path)
     if not p.exists():
         raise AgentFileError(f"model: {p} does not exist")
-    if (p / "rl_module").is_dir():  # an RLlib run (agents/rllib.py)
-        try:
-            from agents.rllib import load_rllib_agent
-        except ImportError:
-            raise ValueError(f'model: {p} is an RLlib run; install the extra: pip install -e ".[rllib]"') from None
-        return load_rllib_agent(p)
+    if p.is_dir() and p.name == "rl_module" and (p / "metadata.json").is_file():
+        p = p.parent  # RLlib's checkpoint folder: its run folder
     run_dir = p if p.is_dir() else p.parent
     if run_dir.name == "checkpoints":
         run_dir = run_dir.parent
@@ -113,6 +118,8 @@ def load_agent(path: str | Path, best: bool = False, trust_model: bool = False) 
         stems = ("best_model", "model") if best else ("model", "best_model")
         stem = next((p / s for s in stems if (p / f"{s}.json").exists()), None)
         if stem is None:
+            if (p / "rl_module").is_dir():  # an RLlib run saved before its model.json: pickle only
+                return _rllib(p, trust_model)
             zips = [p / f"{s}.zip" for s in stems if (p / f"{s}.zip").exists()]
             if not zips:
                 raise AgentFileError(f"model: no model.json or best_model.json in {p}")
@@ -130,14 +137,40 @@ def load_agent(path: str | Path, best: bool = False, trust_model: bool = False) 
     else:
         raise AgentFileError(f"model: {p} is not a run folder, an agent file (.json, .safetensors) or an SB3 .zip")
     meta, tensors = read_agent_file(stem)
+    if meta.get("format") == RLLIB_FORMAT:
+        return _rllib(run_dir, trust_model)
     model = build_model(meta, tensors)
     vecnorm = None
     if meta.get("vecnormalize"):
         vecnorm = restore_vecnormalize(meta["vecnormalize"], model.get_env(), training=False)
-    run_path = run_dir / "run.json"
-    run = json.loads(run_path.read_text()) if run_path.exists() else {}
+    run = read_run_json(run_dir)
     return Agent(describe_run(run, run_dir.name), model, vecnorm, meta.get("env_kwargs", run.get("env_kwargs", {})),
                  meta.get("scenario", run.get("scenario")), meta.get("overrides", run.get("overrides", {})))
+
+
+def _rllib(run_dir: Path, trust_model: bool) -> Agent:
+    """An RLlib run folder's agent (:mod:`agents.rllib`, which needs the ``rllib`` extra)."""
+    try:
+        from agents.rllib import load_rllib_agent
+    except ImportError:
+        raise AgentFileError(f'model: {run_dir} is an RLlib run; install the extra: pip install -e ".[rllib]"') from None
+    return load_rllib_agent(run_dir, trust_model)
+
+
+def read_run_json(run_dir: Path) -> dict[str, Any]:
+    """``run_dir/run.json`` (``{}`` when absent); a malformed or oversized one is an AgentFileError."""
+    path = run_dir / "run.json"
+    if not path.exists():
+        return {}
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise AgentFileError(f"model: {path} is larger than {MAX_JSON_BYTES // 2**20} MiB")
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise AgentFileError(f"model: {path} is not valid JSON ({type(err).__name__})") from None
+    if not isinstance(run, dict):
+        raise AgentFileError(f"model: {path} is not a JSON object")
+    return run
 
 
 def _load_trusted(model_path: Path, run_dir: Path) -> Agent:
@@ -149,8 +182,7 @@ def _load_trusted(model_path: Path, run_dir: Path) -> Agent:
 
     print(f"warning: --trust-model: loading {model_path} with pickle, which can run any code the file holds",
           file=sys.stderr)
-    meta_path = run_dir / "run.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta = read_run_json(run_dir)
     model = algo_class(meta.get("algo", "maskable-ppo")).load(str(model_path), device="cpu")
     model.policy.set_training_mode(False)
     vecnorm = None

@@ -9,10 +9,14 @@ number where masked) to the action logits, in exploration, inference and trainin
 masked action is never sampled and its probability never enters the loss. The ``select`` action
 mode (``Discrete``) is the one this applies to.
 
-A run folder (``runs/rllib/NAME``) holds ``rl_module/`` (the policy, RLlib's checkpoint format),
-``run.json`` (``algo: rllib-ppo``, the env settings) and the TensorBoard events: the same ``sched/*``
-scalars as the SB3 training (:data:`agents.callbacks.SUMMARY_SCALARS`, the mean over the episodes
-finished in the iteration) plus ``rollout/ep_rew_mean``.
+A run folder (``runs/rllib/NAME``, relative or absolute) holds ``model.json`` + ``model.safetensors``
+(the policy: its network sizes and spaces as JSON, its weights as safetensors; loading them runs no
+code, as for the SB3 agents of :mod:`agents.storage`), ``rl_module/`` (the same policy in RLlib's own
+checkpoint format, for ``RLModule.from_checkpoint``; that format is pickled, so ``llmsched evaluate``
+reads it only with ``--trust-model``), ``run.json`` (``algo: rllib-ppo``, the env settings) and the
+TensorBoard events: the same ``sched/*`` scalars as the SB3 training
+(:data:`agents.callbacks.SUMMARY_SCALARS`, the mean over the episodes finished in the iteration)
+plus ``rollout/ep_rew_mean``.
 
 Needs the ``rllib`` extra (``pip install -e ".[rllib]"``; importing this module without it raises
 ImportError); see the README for the versions.
@@ -35,6 +39,7 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.utils.torch_utils import FLOAT_MIN
 
 from agents.agent import Agent, describe_run
+from agents.storage import RLLIB_FORMAT, AgentFileError, build_space, describe_space
 
 ENV_NAME = "LLMSched-v0-masked"
 
@@ -172,7 +177,8 @@ def train_rllib(cfg: RLlibConfig, progress: bool = True) -> dict[str, Any]:
     from torch.utils.tensorboard import SummaryWriter
 
     name = cfg.name or f"{cfg.scenario}-rllib-ppo-s{cfg.seed}"
-    run_dir = Path(cfg.out) / name
+    # absolute: RLlib's checkpoint writer (pyarrow) takes a relative path for a URI without a scheme
+    run_dir = Path(cfg.out).resolve() / name
     run_dir.mkdir(parents=True, exist_ok=True)
     algo = build_config(cfg).build_algo()
     writer = SummaryWriter(str(run_dir))
@@ -193,7 +199,9 @@ def train_rllib(cfg: RLlibConfig, progress: bool = True) -> dict[str, Any]:
                 e2e = runners.get("sched/mean_e2el_ms", math.nan)
                 print(f"  iteration {it + 1}/{cfg.iterations}: {steps} steps, episodes finished so far "
                       f"{int(runners.get('sched/episodes', 0))}, Mean E2EL {e2e:.4g} ms", flush=True)
-        algo.get_module().save_to_path(str(run_dir / "rl_module"))
+        module = algo.get_module()
+        save_rllib_module(run_dir / "model", module, {"scenario": cfg.scenario, "overrides": cfg.overrides})
+        module.save_to_path(str(run_dir / "rl_module"))
     finally:
         writer.close()
         algo.stop()
@@ -219,22 +227,118 @@ class RLlibPolicy:
         return int(logits.argmax(-1)[0])
 
 
-def load_module(run_dir: Path) -> RLlibPolicy:
-    """The policy saved by :func:`train_rllib` in ``run_dir``."""
-    from ray.rllib.core.rl_module.rl_module import RLModule
+MAX_WIDTH = 4096
+"""Widest hidden layer an RLlib agent file may describe (the project trains 32-256)."""
+MAX_LAYERS = 16
+"""Most hidden layers an RLlib agent file may describe."""
+_MODEL_CONFIG_KEYS = {"fcnet_hiddens": "list", "fcnet_activation": "str", "head_fcnet_hiddens": "list",
+                      "head_fcnet_activation": "str", "vf_share_layers": "bool", "fcnet_use_layernorm": "bool",
+                      "head_fcnet_use_layernorm": "bool", "free_log_std": "bool", "log_std_clip_param": "float"}
+"""The network settings an RLlib agent file keeps (RLlib's ``DefaultModelConfig`` fields that shape a
+feed-forward PPO module); the rest stay RLlib's defaults."""
+_ACTIVATIONS = ("tanh", "relu", "linear", "swish", "silu", "elu", "gelu", "sigmoid")
 
+
+def save_rllib_module(stem: str | Path, module: Any, extra: dict[str, Any] | None = None) -> Path:
+    """``STEM.safetensors`` (the module's weights) and ``STEM.json`` (format ``llmsched-rllib-agent/1``:
+    the spaces and network sizes :func:`build_rllib_module` rebuilds it from); returns the JSON path."""
+    from safetensors.torch import save_file
+
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    config = module.model_config if isinstance(module.model_config, dict) else asdict(module.model_config)
+    meta = {"format": RLLIB_FORMAT, "algo": "rllib-ppo", "module": type(module).__name__,
+            "observation_space": describe_space(module.observation_space),
+            "action_space": describe_space(module.action_space),
+            "model_config": {k: config[k] for k in _MODEL_CONFIG_KEYS if k in config}, **(extra or {})}
+    tensors = {k: v.detach().cpu().clone().contiguous() for k, v in module.state_dict().items()}
+    save_file(tensors, str(stem.with_suffix(".safetensors")), metadata={"format": RLLIB_FORMAT})
+    path = stem.with_suffix(".json")
+    path.write_text(json.dumps(meta, indent=1) + "\n")
+    return path
+
+
+def check_model_config(config: Any) -> dict[str, Any]:
+    """An RLlib agent file's ``model_config``: known keys, JSON values of the right kind, layer widths
+    within :data:`MAX_WIDTH` and :data:`MAX_LAYERS` (checked before anything is allocated)."""
+    if not isinstance(config, dict):
+        raise AgentFileError(f"model_config: expected a mapping, got {type(config).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        kind = _MODEL_CONFIG_KEYS.get(key)
+        if kind is None:
+            raise AgentFileError(f"model_config.{key}: unknown field; allowed: {', '.join(_MODEL_CONFIG_KEYS)}")
+        if kind == "list":
+            if (not isinstance(value, list) or len(value) > MAX_LAYERS
+                    or not all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= MAX_WIDTH for w in value)):
+                raise AgentFileError(f"model_config.{key}: expected at most {MAX_LAYERS} layer widths, each an "
+                                     f"integer in [1, {MAX_WIDTH}], got {str(value)[:60]}")
+        elif kind == "str":
+            if value not in _ACTIVATIONS:
+                raise AgentFileError(f"model_config.{key}: expected one of {', '.join(_ACTIVATIONS)}, got {value!r}")
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise AgentFileError(f"model_config.{key}: expected true or false, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise AgentFileError(f"model_config.{key}: expected a number, got {value!r}")
+        out[key] = value
+    return out
+
+
+def build_rllib_module(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+    """The inference module an RLlib agent file describes, with its weights; no pickle is read."""
+    from ray.rllib.algorithms.ppo.ppo_catalog import PPOCatalog
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    if meta.get("module") != MaskedPPOModule.__name__:
+        raise AgentFileError(f"module: {meta.get('module')!r} is not {MaskedPPOModule.__name__}")
+    obs_space, act_space = build_space(meta.get("observation_space")), build_space(meta.get("action_space"))
+    if (not isinstance(obs_space, gym.spaces.Dict) or set(obs_space.spaces) != {"observations", "action_mask"}
+            or not isinstance(act_space, gym.spaces.Discrete)):
+        raise AgentFileError("observation_space: an RLlib agent needs {observations, action_mask} and a Discrete "
+                             "action space")
+    config = asdict(DefaultModelConfig(**check_model_config(meta.get("model_config", {}))))
+    module = MaskedPPOModule(observation_space=obs_space, action_space=act_space, inference_only=True,
+                             model_config=config, catalog_class=PPOCatalog)
+    try:
+        module.load_state_dict(tensors, strict=True)
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0]
+        raise AgentFileError(f"model: the weights do not match the described module ({first})") from None
+    module.eval()
+    return module
+
+
+def load_module(run_dir: Path, trust_model: bool = False) -> RLlibPolicy:
+    """The policy saved by :func:`train_rllib` in ``run_dir``: from ``model.json`` + ``model.safetensors``
+    (no code runs), or, with ``trust_model`` only, from RLlib's pickled ``rl_module/`` checkpoint."""
+    from agents.storage import read_agent_file
+
+    if (run_dir / "model.json").is_file():
+        meta, tensors = read_agent_file(run_dir / "model")
+        return RLlibPolicy(build_rllib_module(meta, tensors))
     path = run_dir / "rl_module"
     if not path.is_dir():
-        raise FileNotFoundError(f"model: no rl_module/ in {run_dir}")
-    return RLlibPolicy(RLModule.from_checkpoint(str(path)))
+        raise AgentFileError(f"model: no model.json or rl_module/ in {run_dir}")
+    if not trust_model:
+        raise AgentFileError(f"model: {run_dir} holds only an RLlib checkpoint (rl_module/), which RLlib loads with "
+                             "pickle (it runs code stored in it); pass --trust-model only if you trust its source")
+    import sys
+
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    print(f"warning: --trust-model: loading {path} with pickle, which can run any code the file holds", file=sys.stderr)
+    return RLlibPolicy(RLModule.from_checkpoint(str(path.resolve())))
 
 
-def load_rllib_agent(run_dir: Path) -> Agent:
+def load_rllib_agent(run_dir: Path, trust_model: bool = False) -> Agent:
     """The agent of an RLlib run folder, for ``llmsched evaluate`` (:func:`agents.agent.load_agent`)."""
-    meta_path = run_dir / "run.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    return RLlibAgent(describe_run(meta, run_dir.name), load_module(run_dir), None, meta.get("env_kwargs", {}),
-                      meta.get("scenario"), meta.get("overrides", {}))
+    from agents.agent import read_run_json
+
+    run_dir = Path(run_dir)
+    meta = read_run_json(run_dir)
+    return RLlibAgent(describe_run(meta, run_dir.name), load_module(run_dir, trust_model), None,
+                      meta.get("env_kwargs", {}), meta.get("scenario"), meta.get("overrides", {}))
 
 
 class RLlibAgent(Agent):

@@ -25,6 +25,14 @@ import gymnasium as gym
 import numpy as np
 
 FORMAT = "llmsched-agent/1"
+RLLIB_FORMAT = "llmsched-rllib-agent/1"
+"""An RLlib policy module (:mod:`agents.rllib`) in the same two files: its weights and a JSON
+description (spaces, network sizes) instead of RLlib's pickled ``rl_module/`` checkpoint."""
+FORMATS = (FORMAT, RLLIB_FORMAT)
+MAX_JSON_BYTES = 64 * 2**20
+"""Largest agent description read (``STEM.json``); a genuine one is a few hundred kB."""
+MAX_WEIGHTS_BYTES = 4 * 2**30
+"""Largest weights file read (``STEM.safetensors``): 4 GiB, about a billion float32 weights."""
 HYPERPARAMS = ("n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "learning_rate", "ent_coef",
                "clip_range", "vf_coef", "max_grad_norm")
 
@@ -223,15 +231,19 @@ def read_agent_file(stem: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
     stem = Path(stem)
     jpath, wpath = stem.with_suffix(".json"), stem.with_suffix(".safetensors")
-    for p in (jpath, wpath):
+    for p, limit in ((jpath, MAX_JSON_BYTES), (wpath, MAX_WEIGHTS_BYTES)):
         if not p.is_file():
             raise AgentFileError(f"model: {p} does not exist")
+        if p.stat().st_size > limit:
+            raise AgentFileError(f"model: {p} is {p.stat().st_size / 2**20:,.0f} MiB, more than the "
+                                 f"{limit / 2**20:,.0f} MiB an agent file may have")
     try:
         meta = json.loads(jpath.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AgentFileError(f"model: {jpath} is not valid JSON ({err})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise AgentFileError(f"model: {jpath} is not an agent description (format {FORMAT!r} expected)")
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise AgentFileError(f"model: {jpath} is not valid JSON ({type(err).__name__}: {err})") from None
+    if not isinstance(meta, dict) or meta.get("format") not in FORMATS:
+        raise AgentFileError(f"model: {jpath} is not an agent description (format {' or '.join(map(repr, FORMATS))} "
+                             "expected)")
     try:
         tensors = load_file(str(wpath), device="cpu")
     except (SafetensorError, OSError, ValueError) as err:

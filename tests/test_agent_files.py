@@ -146,7 +146,7 @@ def test_malformed_agent_files_are_one_line_errors(tmp_path):
             load_agent(tmp_path / "a")
         return str(e.value)
 
-    assert "format 'llmsched-agent/1' expected" in broken(lambda d: d.pop("format"))
+    assert "format 'llmsched-agent/1' or 'llmsched-rllib-agent/1' expected" in broken(lambda d: d.pop("format"))
     assert "class 'os.system' is not one of QueueSetExtractor" in broken(
         lambda d: d["policy_kwargs"].update(features_extractor_class={"class": "os.system"}))
     assert "the weights do not match the described policy" in broken(
