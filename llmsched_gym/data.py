@@ -51,6 +51,9 @@ class Dataset:
     :ivar licence: the publisher's licence.
     :ivar citation: what to cite when you use it.
     :ivar howto: for files without a URL, how to get one.
+    :ivar derive: for a file built from the publisher's file rather than downloaded as is: the
+        name of its converter in :data:`DERIVERS`; ``url`` then points at the publisher's file,
+        whose own checksum and size are ``source_sha256`` and ``source_size``.
     """
 
     name: str
@@ -62,12 +65,17 @@ class Dataset:
     licence: str
     citation: str
     howto: str = ""
+    derive: str | None = None
+    source_sha256: str | None = None
+    source_size: int | None = None
 
     @property
     def filename(self) -> str:
         return Path(self.relpath).name
 
 
+_VTC_URL = ("https://raw.githubusercontent.com/Ying1123/VTC-artifact/192c2e2014c69c8c6c699d7113c3822e4db632e6/"
+            "fair_bench/FCFS/all_results_real.jsonl")
 _AZURE_URL = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/AzureLLMInferenceTrace_conv.csv"
 _VIDUR_URL = "https://raw.githubusercontent.com/microsoft/vidur/7d47513/data/profiling/compute/"
 _VIDUR = (  # name suffix, folder under data/profiling/compute/, sha256, size (Vidur commit 7d47513)
@@ -94,15 +102,15 @@ DATASETS: dict[str, Dataset] = {
         "CC-BY-4.0",
         "Patel et al. 2024, \"Splitwise: Efficient generative LLM inference using phase splitting\", ISCA 2024"),
     "vtc-arena": Dataset(
-        "vtc-arena", "traces/vtc_arena_real_trace.csv", None,
+        "vtc-arena", "traces/vtc_arena_real_trace.csv", _VTC_URL,
         "e1bdf401d85997a3167af7512359d177d71f0e276c27b3a4a2fac6fcb3afe67d", 31_511,
-        "The 27-client Chatbot Arena trace of the VTC paper: 1,500 requests over 600 s, recovered from "
-        "the per-request results in github.com/Ying1123/VTC-artifact (fair_bench)",
+        "The 27-client Chatbot Arena trace of the VTC paper: 1,500 requests over 600 s, built from the "
+        "per-request results of its real-trace run in github.com/Ying1123/VTC-artifact "
+        "(fair_bench/FCFS/all_results_real.jsonl, JSON; the artifact's real_trace.pkl is never read)",
         "Apache-2.0 (the artifact)",
         "Sheng et al. 2024, \"Fairness in Serving Large Language Models\", OSDI 2024",
-        howto="the publisher ships it only inside a Python pickle (fair_bench/real_trace.pkl), which this "
-              "command never loads; with a copy of the CSV, `llmsched data download vtc-arena --url "
-              "file:///PATH/vtc_arena_real_trace.csv` checks it and puts it in the cache"),
+        derive="vtc-results",
+        source_sha256="21cd8b32e861bef81de244744487e9d051fa82d2d047cc03333890052565dd3f", source_size=288_910),
     **{f"vidur:{short}": Dataset(
         f"vidur:{short}", f"profiles/vidur/{folder}/mlp.csv", f"{_VIDUR_URL}{folder}/mlp.csv", sha, size,
         f"Vidur's measured per-layer operator timings (non-attention) for {folder.split('/')[-1]} on "
@@ -112,6 +120,34 @@ DATASETS: dict[str, Dataset] = {
        for short, folder, sha, size in _VIDUR},
 }
 """The known files, by name."""
+
+
+def vtc_arena_csv(results: bytes) -> bytes:
+    """The ``vtc-arena`` CSV from the VTC artifact's per-request results of its real-trace run
+    (``fair_bench/FCFS/all_results_real.jsonl``, commit 192c2e2): JSON, read with ``json.loads``,
+    so nothing in the file can run. One row per response, in the file's (arrival) order:
+    ``req_time`` as ``arrival_s`` (6 decimals), the number that ends its LoRA ``adapter_dir``
+    (``dummy-lora-7b-rank-8-13`` is client 13) as ``client``, ``prompt_len`` and ``output_len``;
+    CRLF line ends, as the published CSV has them. The artifact also ships the trace as a Python
+    pickle (``fair_bench/real_trace.pkl``); unpickling runs whatever code the file carries, so it
+    is not used.
+
+    :raises DataError: a file of another shape (one line naming what is wrong).
+    """
+    import json
+
+    try:
+        record = json.loads(results.decode("utf-8").splitlines()[0])
+        rows = [(float(r["req_time"]), int(str(r["adapter_dir"]).rsplit("-", 1)[1]), int(r["prompt_len"]),
+                 int(r["output_len"])) for r in record["result"]["responses"]]
+    except (UnicodeDecodeError, IndexError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataError(f"vtc-arena: not the VTC artifact's all_results_real.jsonl ({type(e).__name__}: {e})") from None
+    lines = ["arrival_s,client,prompt_tokens,output_tokens"] + [f"{t:.6f},{c},{p},{o}" for t, c, p, o in rows]
+    return ("\r\n".join(lines) + "\r\n").encode()
+
+
+DERIVERS: dict[str, Callable[[bytes], bytes]] = {"vtc-results": vtc_arena_csv}
+"""Converters from a publisher's file to the known file (:attr:`Dataset.derive`)."""
 
 
 def data_dir() -> Path:
@@ -211,9 +247,11 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
     A file already in the cache with the right checksum is not fetched again. The bytes go to
     ``FILE.part`` first; an interrupted download keeps it and the next call asks the server for
     the rest (``Range: bytes=N-``; a server that ignores it sends the whole file, which is fine).
-    The file appears under its name only once its sha256 matches.
+    The file appears under its name only once its sha256 matches. A derived file (``vtc-arena``)
+    is built from the publisher's file once that file's own sha256 matches, and checked again.
 
-    :param url: fetch from here instead of the publisher (a mirror, or ``file:///...``).
+    :param url: fetch from here instead of the publisher (a mirror, or ``file:///...``): the known
+        file itself or, for a derived one, the publisher's file it is built from.
     :raises DataError: unknown name, no URL, network failure (the partial file is kept), or a
         checksum mismatch (the partial file is deleted: it cannot be resumed into the right file).
     """
@@ -230,7 +268,7 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
     part = target.with_name(target.name + ".part")
     have = part.stat().st_size if part.is_file() else 0
     cut_short = False  # the server promised more bytes (Content-Length) than arrived
-    if have < ds.size:
+    if have not in (ds.size, ds.source_size):
         import http.client  # here, not at the top: they cost ~40 ms of every `llmsched` start
         import urllib.error
         import urllib.request
@@ -260,9 +298,19 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
         raise DataError(f"{ds.name}: download from {src} stopped at byte {part.stat().st_size:,} of "
                         f"{ds.size:,}; run the same command again to resume")
     got = _hash(part)  # never the remembered hash: the part file changes in place
+    if ds.derive is not None and got == ds.source_sha256:
+        built = DERIVERS[ds.derive](part.read_bytes())
+        if hashlib.sha256(built).hexdigest() != ds.sha256:
+            part.unlink()
+            raise DataError(f"{ds.name}: the file built from {src} does not match the known sha256 {ds.sha256}; "
+                            "nothing was saved")
+        part.write_bytes(built)
+        say(f"{ds.name}: built from {src} (the publisher's JSON results; no pickle is read)")
+        got = ds.sha256
     if got != ds.sha256:
         part.unlink()
-        raise DataError(f"{ds.name}: sha256 mismatch (got {got}, expected {ds.sha256}): the file at {src} "
+        also = f" or, to build it from, {ds.source_sha256}" if ds.derive else ""
+        raise DataError(f"{ds.name}: sha256 mismatch (got {got}, expected {ds.sha256}{also}): the file at {src} "
                         "is not the known one; nothing was saved")
     os.replace(part, target)
     say(f"{ds.name}: saved {target} ({ds.size:,} bytes, sha256 verified)")
@@ -327,7 +375,10 @@ def _cmd_list(args) -> int:
         print(f"  {ds.description}")
         print(f"  licence: {ds.licence}; cite: {ds.citation}")
         print(f"  sha256: {ds.sha256}")
-        print(f"  source: {ds.url or 'no public file: ' + ds.howto}")
+        if ds.derive:
+            print(f"  source: built from {ds.url} (sha256 {ds.source_sha256})")
+        else:
+            print(f"  source: {ds.url or 'no public file: ' + ds.howto}")
     return 0
 
 
