@@ -19,11 +19,15 @@ from llmsched_gym.env import register_envs
 __version__ = "0.1.0"
 
 
-def simulate(*args: Any, **kwargs: Any):
-    """Run a policy on a scenario; see :func:`llmsched_gym.sim.simulate`."""
-    from llmsched_gym.sim import simulate as _simulate
+def __getattr__(name: str) -> Any:
+    """``simulate`` and ``SimResult`` are :mod:`llmsched_gym.sim`'s own (``help(simulate)`` shows
+    their real signature and docstring), imported on first use so that ``import llmsched_gym``
+    (and ``llmsched list``) does not load the engine."""
+    if name in ("simulate", "SimResult"):
+        from llmsched_gym import sim
 
-    return _simulate(*args, **kwargs)
+        return getattr(sim, name)
+    raise AttributeError(f"module 'llmsched_gym' has no attribute {name!r}")
 
 
 def make_scenario(name: str, seed: int = 0, overrides: dict[str, Any] | None = None):
@@ -36,4 +40,4 @@ def make_scenario(name: str, seed: int = 0, overrides: dict[str, Any] | None = N
 # gymnasium.make("llmsched_gym:LLMSched-v0") imports this package, which registers the ids
 register_envs()
 
-__all__ = ["__version__", "make_scenario", "register_envs", "simulate"]
+__all__ = ["SimResult", "__version__", "make_scenario", "register_envs", "simulate"]

@@ -150,7 +150,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name in available():
         t.add_row(name, ", ".join(f"{k}={v}" for k, v in policy_params(name).items()))
     con.print(t)
-    con.print("latency presets: " + ", ".join(list_latency_presets()))
+    t = Table(title="latency models (--latency, --set latency=...); calibrated: the fit's error against its profile")
+    t.add_column("spec")
+    t.add_column("what")
+    for name, what in list_latency_presets().items():
+        t.add_row(name, what)
+    con.print(t)
     return 0
 
 
@@ -316,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a measured iteration log: `llmsched gpu replay`'s replay.csv, or shape columns + time_s")
     sp.add_argument("--max-tokens", type=int, default=8192, help="score profile points up to this many tokens")
     sp.add_argument("--out", default="runs/fidelity", help="report folder (default runs/fidelity)")
-    sp.add_argument("--no-plot", action="store_true")
+    sp.add_argument("--no-plots", "--no-plot", dest="no_plot", action="store_true",
+                    help="write no PNG plots (as evaluate and compare)")
     sp.set_defaults(func=cmd_fidelity)
 
     sp = sub.add_parser("import-profile", help="write a Vidur profile model as a table:PATH profile CSV")

@@ -87,6 +87,11 @@ def simulate(
 ) -> SimResult:
     """Run ``policy`` on ``scenario`` with ``seed`` and return a :class:`SimResult`.
 
+    >>> r = simulate("jaillet-low", "sarathi", seed=0, overrides={"workload.n_requests": 200},
+    ...              policy_params={"chunk_size": 256})
+    >>> r.summary["serving"]["mean_e2el_ms"]      # the summary JSON of `llmsched run --json`
+    >>> r.requests["ttft_s"][:5]                   # per-request table; r.iterations: the iteration log
+
     :param scenario: a scenario name (``llmsched list``), a ``.yml`` scenario file,
         ``trace:FORMAT:PATH``, or a scenario dict.
     :param policy: a registered policy name, ``{"name": ..., **params}``, or a Scheduler instance;
