@@ -119,3 +119,22 @@ def test_sb3_monitor_and_make_vec_env_log_episode_returns():
                 seen.append(info["episode"]["r"])
     venv.close()
     assert len(seen) >= 2
+
+
+def test_the_vector_loop_example_runs_and_reports_episode_returns(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "vector_loop.py"
+    spec = importlib.util.spec_from_file_location("vector_loop", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--num-envs", "2", "--steps", "300", "--set", "workload.n_requests=20"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    finished = [x for x in lines if "finished an episode" in x]
+    assert len(finished) >= 2 and lines[-1].startswith(f"{len(finished)} episodes; mean return -")
+    # the return is minus the request-seconds: 20 requests x the mean E2E
+    ret, e2e = (float(finished[0].split("return ")[1].split(",")[0]),
+                float(finished[0].split("mean E2E ")[1].split(" s")[0]))
+    assert ret == pytest.approx(-20 * e2e, rel=0.02)
+    assert module.main(["--set", "engine.block_size=0"]) == 2
