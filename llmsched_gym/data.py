@@ -370,7 +370,10 @@ def _cmd_list(args) -> int:
     print(f"cache: {data_dir()}  (set LLMSCHED_DATA to move it)")
     for ds in DATASETS.values():
         found = locate(ds)
-        where = f"present ({found[1]}: {found[0]})" if found else "not present"
+        where = "not present"
+        if found:
+            checked = "" if sha256_of(found[0]) == ds.sha256 else ", NOT the published file: sha256 differs"
+            where = f"present ({found[1]}: {found[0]}{checked})"
         print(f"\n{ds.name}  {ds.size:,} bytes  {where}")
         print(f"  {ds.description}")
         print(f"  licence: {ds.licence}; cite: {ds.citation}")

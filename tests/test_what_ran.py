@@ -45,6 +45,8 @@ def test_a_hand_placed_trace_with_other_contents_is_run_but_flagged(clone, capsy
     assert D.synthetic_note(src) == " (not the published azure-conv: sha256 mismatch)"
     assert main(["run", "--scenario", "azure-conv", "--policy", "fcfs", "--set", "workload.n_requests=30"]) == 0
     assert "fcfs on azure-conv (not the published azure-conv: sha256 mismatch)" in capsys.readouterr().out
+    assert main(["data", "list"]) == 0
+    assert f"present (cache: {path.resolve()}, NOT the published file: sha256 differs)" in capsys.readouterr().out
 
 
 def test_a_hand_placed_file_under_llmsched_traces_is_checked_too(clone, tmp_path, monkeypatch):
