@@ -106,6 +106,25 @@ class OrderedBatcher(VLLMFamily):
     preemptive = False
     reorder_running = True
     """Decode, continue prefills and pick memory victims in key order (else admission order)."""
+    fixed_waiting_keys = True
+    """A waiting request's key does not change while it waits (the waiting order is then cached
+    until the engine's queue changes)."""
+
+    def reset(self, config, rng: np.random.Generator) -> None:
+        super().reset(config, rng)
+        self._wlist: list[int] | None = None
+        self._wcache: tuple[list[int], np.ndarray | None] = ([], None)
+
+    def waiting_order(self, view: EngineView) -> tuple[list[int], np.ndarray | None]:
+        """The waiting queue best first and its keys (:meth:`ranked`), cached while it is unchanged."""
+        waiting = view.waiting
+        as_list = getattr(waiting, "as_list", None)
+        if as_list is None or not self.fixed_waiting_keys:
+            return self.ranked(view, waiting)
+        lst = as_list()  # the engine builds a new list whenever the queue changes
+        if lst is not getattr(self, "_wlist", None):
+            self._wlist, self._wcache = lst, self.ranked(view, lst)
+        return self._wcache
 
     def keys(self, view: EngineView, ids: np.ndarray) -> np.ndarray:
         """Sort keys of ``ids`` (lower is served first)."""
@@ -130,7 +149,7 @@ class OrderedBatcher(VLLMFamily):
         victims: list[int] = []
         order: list[int] = waiting
         if waiting:
-            order, wkeys = self.ranked(view, waiting)
+            order, wkeys = self.waiting_order(view)
             if self.preemptive and view.running:
                 victims = self._victims(view, order, wkeys)
         b = BatchBuilder(view, budget, reserve=True, max_num_seqs=self.max_num_seqs, watermark=self.watermark,
@@ -201,6 +220,7 @@ class Static(OrderedBatcher):
             raise PolicyError(f"policy.order: unknown {self.order!r}; allowed: {', '.join(ORDERS)}")
         self.preemptive = self.order in PREEMPTIVE
         self.reorder_running = self.order not in ("fcfs", "lpm")
+        self.fixed_waiting_keys = self.order != "lpm"  # prefix matches change with the cache
         self.reads_prediction = self.order in NEEDS_PREDICTION
         self._entry: np.ndarray | None = None
 

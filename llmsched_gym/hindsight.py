@@ -10,15 +10,17 @@ lengths:
 1. **Start**: every starting candidate (by default the whole static family of
    :func:`baselines.static.static_family`) runs with true output lengths (the predictor set to
    ``oracle``); the best is the *start*.
-2. **Parametric search** (the cross-entropy method, Rubinstein 1999; Rubinstein and Kroese 2004,
-   "The Cross-Entropy Method", chapter 4): per-request priorities ``(1 - beta) x rank(log(output
-   + a x prompt)) + beta x rank(arrival)``, from shortest true work first (``beta = 0``) to
-   FCFS (``beta = 1``), with the token budget and ``max_num_seqs`` drawn from the static grid.
-3. **Local search** on the per-request priority vector of the best schedule so far: a request
-   that waited is moved ahead of one admitted during its wait, or a request admitted while
-   others waited is moved behind them (one to sixteen requests per move, chosen in proportion to
-   their queueing delay), or the budget or the cap moves to a neighbour in the grid; a move is
-   kept when the metric improves.
+2. **Parametric search** (the cross-entropy method: Rubinstein and Kroese 2004, "The
+   Cross-Entropy Method", chapter 4): per-request priorities ``(1 - beta) x rank(log(output +
+   a x prompt)) + beta x rank(arrival) + gamma x [no SLO]``, from shortest true work first
+   (``beta = 0``) to FCFS (``beta = 1``), requests without an SLO pushed back by ``gamma`` (when
+   the workload has SLOs), with the token budget and ``max_num_seqs`` drawn from their grids.
+3. **Local search** on the per-request priority vector of the best schedule so far: requests
+   that hurt the metric most (:func:`blame`: the longest waits for a mean, the tail for a
+   percentile, the near misses for an SLO metric) move just ahead of a request admitted during
+   their wait; requests admitted while others waited (long outputs first, or SLO requests that
+   missed by far) move just behind one of those; one to sixteen requests per move; or the budget
+   or the cap moves to a neighbour in its grid. A move is kept when the metric improves.
 
 Every candidate runs on the real engine (same scenario, same seed: the same workload the
 entrants see) with :class:`PriorityOrder`, Sarathi's batch former reading the waiting queue in
@@ -275,15 +277,16 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
     if left > 0:  # the best start replayed as a priority vector (identical for the static orders)
         cur_cost, cur_engine = try_priority(cur_p, cur_c, cur_s)
 
-    # 2. parametric search: cross-entropy method over (log10 a, beta, budget, cap)
+    # 2. parametric search: cross-entropy method over (log10 a, beta, gamma, budget, cap)
     wl = runner.workload
     out = wl.output_tokens.astype(np.float64)
     prompt = wl.prompt_tokens.astype(np.float64)
-    arrival_rank = _rank(np.arange(n, dtype=np.float64))
+    arrival_rank = _rank(wl.arrival_s)
+    no_slo = (~np.isfinite(wl.ttft_slo_s)).astype(np.float64) if wl.has_slo else np.zeros(n)
     n_cem = left // 2
     if n_cem >= 8:
         pop = max(6, min(12, n_cem // 4))
-        mu, sd = np.array([-2.0, 0.2]), np.array([1.5, 0.3])
+        mu, sd = np.array([-2.0, 0.2, 0.5]), np.array([1.5, 0.3, 0.7])
         pc = np.full(len(CHUNKS), 1.0)
         pc[_near(CHUNKS, cur_c)] += 2.0
         ps = np.full(len(SEQS), 1.0)
@@ -292,25 +295,26 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
         while left - pop >= stop:
             samples = []
             for _ in range(pop):
-                la, beta = gen.normal(mu, sd)
-                beta = float(np.clip(beta, 0.0, 1.0))
+                la, beta, gamma = gen.normal(mu, sd)
+                beta, gamma = float(np.clip(beta, 0.0, 1.0)), float(np.clip(gamma, 0.0, 2.0))
                 ci = int(gen.choice(len(CHUNKS), p=pc / pc.sum()))
                 si = int(gen.choice(len(SEQS), p=ps / ps.sum()))
-                p = (1 - beta) * _rank(np.log(out + 10.0 ** la * prompt)) + beta * arrival_rank
+                p = (1 - beta) * _rank(np.log(out + 10.0 ** la * prompt)) + beta * arrival_rank + gamma * no_slo
                 cost, engine = try_priority(p, CHUNKS[ci], SEQS[si])
-                samples.append((cost, la, beta, ci, si, p, engine))
+                samples.append((cost, la, beta, gamma, ci, si, p, engine))
             samples.sort(key=lambda s: s[0])
             elite = samples[: max(2, pop // 4)]
             if elite[0][0] < cur_cost:
-                cur_cost, _, _, ci, si, cur_p, cur_engine = elite[0]
+                cur_cost, _, _, _, ci, si, cur_p, cur_engine = elite[0]
                 cur_c, cur_s = CHUNKS[ci], SEQS[si]
-            x = np.array([[e[1], e[2]] for e in elite])
+            x = np.array([[e[1], e[2], e[3]] for e in elite])
             mu = 0.3 * mu + 0.7 * x.mean(axis=0)
-            sd = np.maximum(0.3 * sd + 0.7 * x.std(axis=0), [0.1, 0.03])
-            pc = 0.5 * pc / pc.sum() + 0.5 * np.bincount([e[3] for e in elite], minlength=len(CHUNKS)) / len(elite)
-            ps = 0.5 * ps / ps.sum() + 0.5 * np.bincount([e[4] for e in elite], minlength=len(SEQS)) / len(elite)
+            sd = np.maximum(0.3 * sd + 0.7 * x.std(axis=0), [0.1, 0.03, 0.05])
+            pc = 0.5 * pc / pc.sum() + 0.5 * np.bincount([e[4] for e in elite], minlength=len(CHUNKS)) / len(elite)
+            ps = 0.5 * ps / ps.sum() + 0.5 * np.bincount([e[5] for e in elite], minlength=len(SEQS)) / len(elite)
 
     # 3. local search on the per-request priorities of the best priority schedule
+    weights = None
     while left > 0:
         p, chunk, seqs = cur_p.copy(), cur_c, cur_s
         u = gen.random()
@@ -320,34 +324,79 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
             else:
                 seqs = SEQS[int(np.clip(_near(SEQS, seqs) + gen.choice([-1, 1]), 0, len(SEQS) - 1))]
         else:
-            p = _move(p, cur_engine, wl.arrival_s, gen, promote=u < 0.6)
+            if weights is None:
+                weights = blame(cur_engine, metric)
+            p = _move(p, cur_engine, weights, gen, promote=u < 0.6)
         if p is None or (chunk == cur_c and seqs == cur_s and np.array_equal(p, cur_p)):
             left -= 1  # a move that changes nothing still spends a run of the budget
             continue
         cost, engine = try_priority(p, chunk, seqs)
         if cost < cur_cost:
             cur_cost, cur_p, cur_c, cur_s, cur_engine = cost, p, chunk, seqs, engine
+            weights = None
 
     return HindsightResult(value=best["value"], start_value=s_value, start_spec=dict(s_spec), spec=best["spec"],
                            priority=best["priority"], n_sims=runner.n_sims, wall_s=time.perf_counter() - t0,
                            lower_is_better=lower_is_better, trace=trace)
 
 
-def _move(p: np.ndarray, engine: Engine, arrival: np.ndarray, gen: np.random.Generator,
-          promote: bool) -> np.ndarray | None:
-    """Move 1-16 requests in the priority order, guided by the last run's queueing delays.
+def blame(engine: Engine, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, how much moving it ahead (``promote``) or behind (``demote``) may help the
+    metric, from the run's outcome (weights >= 0, not normalised).
 
-    ``promote``: a request that waited (chosen in proportion to its delay) goes just ahead of a
-    request admitted during its wait; otherwise a request admitted while others waited (chosen in
-    proportion to its output length) goes just behind one of them."""
+    The request's own quantity is its TTFT when the metric names ``ttft``, its queueing delay for
+    ``queue``, else its end-to-end latency. Mean-type metrics promote in proportion to it; tail
+    metrics (``p90``, ``p99``, ``max``) promote only the requests at or above that quantile; SLO
+    metrics (``slo``, ``goodput``) promote the requests that missed their SLO, the nearest misses
+    most, and demote those that missed it by more than their SLO (hopeless ones). Other demotions
+    fall on requests admitted while others waited, in proportion to their output length."""
+    wl = engine.workload
+    arrival = wl.arrival_s
     first = np.asarray(engine.first_scheduled_s, dtype=np.float64)
     first = np.where(np.isfinite(first), first, arrival)
-    if promote:  # requests that waited, in proportion to their delay
-        weight = first - arrival
-    else:  # requests admitted while others waited, in proportion to their output length
-        waiting_then = (np.searchsorted(np.sort(arrival), first, side="right")
-                        - np.searchsorted(np.sort(first), first, side="right"))
-        weight = np.where(waiting_then > 0, engine.workload.output_tokens, 0).astype(np.float64)
+    ttft = np.where(np.isfinite(engine.first_token_s), engine.first_token_s - arrival, 0.0)
+    e2e = np.where(np.isfinite(engine.completion_s), engine.completion_s - arrival, 0.0)
+    m = metric.lower()
+    x = ttft if "ttft" in m else (first - arrival) if "queue" in m else e2e
+    # demote: requests admitted while others waited, longer outputs first
+    sorted_arrival, sorted_first = np.sort(arrival), np.sort(first)
+    waiting_then = (np.searchsorted(sorted_arrival, first, side="right")
+                    - np.searchsorted(sorted_first, first, side="right"))
+    demote = np.where(waiting_then > 0, wl.output_tokens, 0).astype(np.float64)
+    if "slo" in m or "goodput" in m:
+        slo = wl.ttft_slo_s
+        has = np.isfinite(slo)
+        miss = has & (ttft > slo)
+        over = np.where(miss, ttft - slo, 0.0)
+        promote = np.where(miss & (over <= slo), 1.0 / (1.0 + over / np.where(has, slo, 1.0)), 0.0)
+        hopeless = miss & (over > slo)
+        if hopeless.any():
+            demote = np.where(hopeless, 1.0, 0.0) * max(float(demote.max()), 1.0) + demote * ~has
+        if promote.any():
+            return promote, demote
+    q = 0.99 if "p99" in m else 0.9 if "p90" in m else 0.5 if ("p50" in m or "median" in m) else None
+    if "max" in m:
+        q = 1.0
+    if q is not None and len(x):
+        cut = np.quantile(x, q)
+        promote = np.where(x >= cut, x, 0.0)
+        # the whole tail: the requests just below the quantile may take its place
+        promote += np.where((x >= np.quantile(x, max(q - 0.02, 0.0))) & (x < cut), 0.5 * x, 0.0)
+    else:
+        promote = first - arrival
+    return np.maximum(promote, 0.0), demote
+
+
+def _move(p: np.ndarray, engine: Engine, weights: tuple[np.ndarray, np.ndarray], gen: np.random.Generator,
+          promote: bool) -> np.ndarray | None:
+    """Move 1-16 requests in the priority order, chosen by :func:`blame`'s weights.
+
+    ``promote``: the request goes just ahead of a request admitted during its wait; otherwise it
+    goes just behind a request that was waiting when it was admitted and now has a higher priority."""
+    arrival = engine.workload.arrival_s
+    first = np.asarray(engine.first_scheduled_s, dtype=np.float64)
+    first = np.where(np.isfinite(first), first, arrival)
+    weight = weights[0] if promote else weights[1]
     cand = np.flatnonzero(weight > 0)
     if len(cand) == 0:
         return None
@@ -355,15 +404,13 @@ def _move(p: np.ndarray, engine: Engine, arrival: np.ndarray, gen: np.random.Gen
     movers = gen.choice(cand, size=min(k, len(cand)), replace=False, p=weight[cand] / weight[cand].sum())
     p = p.copy()
     for i in movers:
-        # requests admitted while i waited (the ones i competed with)
-        during = np.flatnonzero((first >= arrival[i]) & (first < first[i]))
         if promote:
-            ahead = during[p[during] < p[i]]
-            if len(ahead):
-                j = int(gen.choice(ahead))
+            # requests admitted while i waited, ahead of it (the ones it competed with)
+            during = np.flatnonzero((first >= arrival[i]) & (first < first[i]) & (p < p[i]))
+            if len(during):
+                j = int(gen.choice(during))
                 p[i] = p[j] - 1e-9 * (1 + abs(p[j]))
         else:
-            # i was admitted while j waited: put i just behind j
             rivals = np.flatnonzero((arrival <= first[i]) & (first > first[i]) & (p > p[i]))
             if len(rivals):
                 j = int(gen.choice(rivals))
@@ -371,4 +418,4 @@ def _move(p: np.ndarray, engine: Engine, arrival: np.ndarray, gen: np.random.Gen
     return p
 
 
-__all__ = ["CHUNKS", "DEFAULT_SIMS", "SEQS", "HindsightResult", "PriorityOrder", "hindsight"]
+__all__ = ["CHUNKS", "DEFAULT_SIMS", "SEQS", "HindsightResult", "PriorityOrder", "blame", "hindsight"]
