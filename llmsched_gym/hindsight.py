@@ -14,19 +14,23 @@ lengths:
    Cross-Entropy Method", chapter 4): per-request priorities ``(1 - beta) x rank(log(output +
    a x prompt)) + beta x rank(arrival) + gamma x [no SLO]``, from shortest true work first
    (``beta = 0``) to FCFS (``beta = 1``), requests without an SLO pushed back by ``gamma`` (when
-   the workload has SLOs), with the token budget and ``max_num_seqs`` drawn from their grids.
+   the workload has SLOs), with the token budget, ``max_num_seqs`` and the levels mode (below)
+   drawn from their grids.
 3. **Local search** on the per-request priority vector of the best schedule so far: requests
    that hurt the metric most (:func:`blame`: the longest waits for a mean, the tail for a
    percentile, the near misses for an SLO metric) move just ahead of a request admitted during
    their wait; requests admitted while others waited (long outputs first, or SLO requests that
    missed by far) move just behind one of those; one to sixteen requests per move; or the budget
-   or the cap moves to a neighbour in its grid. A move is kept when the metric improves.
+   or the cap moves to a neighbour in its grid, or the levels mode changes. A move is kept when
+   the metric improves.
 
 Every candidate runs on the real engine (same scenario, same seed: the same workload the
 entrants see) with :class:`PriorityOrder`, Sarathi's batch former reading the waiting queue in
-the order of a given priority vector (the same :class:`~baselines.static.OrderedBatcher` as the
-``static`` policies: a priority vector equal to an order's keys reproduces that static policy
-exactly). A run that rejects a request or leaves one unfinished before the scenario's horizon
+the order of a given priority vector (the ``static`` policy's code: a priority vector equal to an
+order's keys reproduces that static policy exactly), either alone (non-preemptive) or below the
+levels of least attained service or FastServe's skip-join MLFQ (preemptive across levels, as the
+``las`` and ``mlfq`` orders), so that the search covers the preemptive heuristics that win on
+tail-latency metrics. A run that rejects a request or leaves one unfinished before the scenario's horizon
 never counts (the benchmark's rule). The result is the best of all
 runs, so its value is never worse than any starting candidate's on that seed.
 
@@ -46,8 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from baselines.base import _fitted
-from baselines.static import OrderedBatcher, static_family
+from baselines.static import Static, static_family
 from llmsched_gym.config import ConfigError, explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.metrics import summarize
@@ -64,7 +67,7 @@ TRUE_LENGTHS = {"workload.predictor": {"type": "oracle"}}
 """The override that gives every candidate the true output lengths."""
 
 
-class PriorityOrder(OrderedBatcher):
+class PriorityOrder(Static):
     """Sarathi's batch former admitting waiting requests by a fixed per-request priority (lower
     first; ties by queue order); running requests decode, and a memory victim is chosen, in the
     same order. Built directly by :func:`hindsight` (not in the policy catalogue).
@@ -72,19 +75,37 @@ class PriorityOrder(OrderedBatcher):
     :param priority: one number per request of the workload.
     :param chunk_size: the token budget per iteration (0: whole-prompt prefill).
     :param max_num_seqs: the cap on running requests.
+    :param levels: ``"none"``: the priority alone, non-preemptive; ``"las"`` or ``"mlfq"``: the
+        ``static`` order's level first (least attained service, or FastServe's skip-join levels)
+        and the priority only among requests of one level, preemptive across levels as that order
+        (so that the search can start from, and improve on, those orders).
+    :param quantum: the levels' quantum (as ``static``'s).
     """
 
     name = "hindsight-priority"
+    LEVELS = ("none", "las", "mlfq")
 
-    def __init__(self, priority: np.ndarray, chunk_size: int = 512, max_num_seqs: int = 128,
-                 watermark: float = 0.01) -> None:
-        super().__init__(chunk_size=chunk_size, max_num_seqs=max_num_seqs, watermark=watermark)
+    def __init__(self, priority: np.ndarray, chunk_size: int = 512, max_num_seqs: int = 128, levels: str = "none",
+                 quantum: int = 1, watermark: float = 0.01) -> None:
+        if levels not in self.LEVELS:
+            raise ConfigError(f"levels: unknown {levels!r}; allowed: {', '.join(self.LEVELS)}")
+        super().__init__(order="prompt" if levels == "none" else levels, chunk_size=chunk_size,
+                         max_num_seqs=max_num_seqs, quantum=quantum, watermark=watermark)
+        self.levels_mode = levels
         self.priority = np.asarray(priority, dtype=np.float64)
+        # within a level: the priority's rank, scaled below 1 so that the level dominates
+        self._within = _rank(self.priority) * 0.5 if levels != "none" else None
+
+    def needs(self) -> str:
+        return "true"
 
     def keys(self, view: EngineView, ids: np.ndarray) -> np.ndarray:
-        return self.priority[ids]
+        if self._within is None:
+            return self.priority[ids]
+        return self.levels(view, ids) + self._within[ids]
 
-    schedule = _fitted(OrderedBatcher.schedule)  # the plans registered policies get (fit_plan)
+    def outranks(self, waiting_key: float, running_key: float) -> bool:
+        return math.floor(waiting_key) < math.floor(running_key)  # a strictly higher level
 
 
 @dataclass
@@ -94,8 +115,9 @@ class HindsightResult:
     :ivar value: the best metric value found (never worse than ``start_value``).
     :ivar start_value: the best starting candidate's value.
     :ivar start_spec: that candidate's policy spec.
-    :ivar spec: the best schedule's spec: a starting candidate's, or
-        ``{"name": "hindsight-priority", "chunk_size", "max_num_seqs"}`` with ``priority``.
+    :ivar spec: the best schedule's spec: a starting candidate's, or ``{"name":
+        "hindsight-priority", "chunk_size", "max_num_seqs", "levels"(, "quantum")}`` with
+        ``priority`` (rebuild it with ``PriorityOrder(priority, **spec without name)``).
     :ivar priority: the best per-request priority vector (``None`` when a starting candidate won).
     :ivar n_sims: engine runs, starting candidates included.
     :ivar wall_s: seconds the search took.
@@ -185,27 +207,29 @@ def _rank(x: np.ndarray) -> np.ndarray:
     return r / max(n - 1, 1)
 
 
-def _priority_of(spec: dict[str, Any], runner: _Runner, engine: Engine) -> np.ndarray:
-    """A priority vector that plays ``spec``'s order: its keys for the static orders, else the
-    admission times its run produced."""
+def _point_of(spec: dict[str, Any], runner: _Runner, engine: Engine) -> tuple:
+    """A search point that plays ``spec``: ``(priority, chunk_size, max_num_seqs, levels, quantum)``.
+    The priority is the order's keys for ``static`` ``prompt``/``output``/``total`` (the same
+    schedule), arrival order for ``fcfs``, ``las`` and ``mlfq`` (the latter two as levels), else
+    the admission times its run produced."""
     wl = runner.workload
     order = spec.get("order", "fcfs") if spec.get("name") == "static" else None
-    if order == "fcfs":
-        return np.arange(len(wl), dtype=np.float64)
-    if order == "prompt":
-        return wl.prompt_tokens.astype(np.float64)
-    if order == "output":
-        return wl.output_tokens.astype(np.float64)
-    if order == "total":
-        return (wl.prompt_tokens + wl.output_tokens).astype(np.float64)
-    first = np.asarray(engine.first_scheduled_s, dtype=np.float64).copy()
-    ok = np.isfinite(first)
-    first[~ok] = (first[ok].max() + 1.0) if ok.any() else 0.0
-    return _rank(first)
-
-
-def _knobs(spec: dict[str, Any]) -> tuple[int, int]:
-    return int(spec.get("chunk_size", 512)), int(spec.get("max_num_seqs", 128))
+    chunk, seqs = int(spec.get("chunk_size", 512)), int(spec.get("max_num_seqs", 128))
+    levels, quantum = ("none", 1) if order not in ("las", "mlfq") else (order, int(spec.get("quantum", 1)))
+    if order in ("fcfs", "las", "mlfq"):
+        p = _rank(wl.arrival_s)
+    elif order == "prompt":
+        p = wl.prompt_tokens.astype(np.float64)
+    elif order == "output":
+        p = wl.output_tokens.astype(np.float64)
+    elif order == "total":
+        p = (wl.prompt_tokens + wl.output_tokens).astype(np.float64)
+    else:
+        first = np.asarray(engine.first_scheduled_s, dtype=np.float64).copy()
+        ok = np.isfinite(first)
+        first[~ok] = (first[ok].max() + 1.0) if ok.any() else 0.0
+        p = _rank(first)
+    return p, chunk, seqs, levels, quantum
 
 
 def _near(grid: tuple[int, ...], value: int) -> int:
@@ -257,27 +281,29 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
         note(cost)
         if s_engine is None or cost < s_cost:
             s_cost, s_value, s_spec, s_engine = cost, value, spec, engine
-    best = {"cost": s_cost, "value": s_value, "spec": dict(s_spec), "priority": None, "engine": s_engine}
-    # the best priority-expressible schedule so far, which the local search perturbs
-    cur_p = _priority_of(s_spec, runner, s_engine)
-    cur_c, cur_s = _knobs(s_spec)
+    best = {"cost": s_cost, "value": s_value, "spec": dict(s_spec), "priority": None}
+    # the current point of the search: priorities, budget, cap, levels mode, quantum
+    cur = _point_of(s_spec, runner, s_engine)
     cur_cost, cur_engine = math.inf, s_engine
     left = sims
 
-    def try_priority(p: np.ndarray, chunk: int, seqs: int) -> tuple[float, Engine]:
+    def try_point(pt: tuple) -> tuple[float, Engine]:
         nonlocal left
         left -= 1
-        cost, value, engine = runner.run(PriorityOrder(p, chunk, seqs))
+        p, chunk, seqs, levels, quantum = pt
+        cost, value, engine = runner.run(PriorityOrder(p, chunk, seqs, levels, quantum))
         note(cost)
         if cost < best["cost"]:
-            best.update(cost=cost, value=value, priority=p.copy(), engine=engine,
-                        spec={"name": PriorityOrder.name, "chunk_size": chunk, "max_num_seqs": seqs})
+            spec = {"name": PriorityOrder.name, "chunk_size": chunk, "max_num_seqs": seqs, "levels": levels}
+            if levels != "none":
+                spec["quantum"] = quantum
+            best.update(cost=cost, value=value, priority=p.copy(), spec=spec)
         return cost, engine
 
-    if left > 0:  # the best start replayed as a priority vector (identical for the static orders)
-        cur_cost, cur_engine = try_priority(cur_p, cur_c, cur_s)
+    if left > 0:  # the best start replayed as a priority vector (identical for prompt/output/total)
+        cur_cost, cur_engine = try_point(cur)
 
-    # 2. parametric search: cross-entropy method over (log10 a, beta, gamma, budget, cap)
+    # 2. parametric search: cross-entropy method over (log10 a, beta, gamma, budget, cap, levels)
     wl = runner.workload
     out = wl.output_tokens.astype(np.float64)
     prompt = wl.prompt_tokens.astype(np.float64)
@@ -287,52 +313,56 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
     if n_cem >= 8:
         pop = max(6, min(12, n_cem // 4))
         mu, sd = np.array([-2.0, 0.2, 0.5]), np.array([1.5, 0.3, 0.7])
-        pc = np.full(len(CHUNKS), 1.0)
-        pc[_near(CHUNKS, cur_c)] += 2.0
-        ps = np.full(len(SEQS), 1.0)
-        ps[_near(SEQS, cur_s)] += 2.0
+        probs = []
+        for grid, v in ((CHUNKS, cur[1]), (SEQS, cur[2]), (PriorityOrder.LEVELS, cur[3])):
+            pr = np.full(len(grid), 1.0)
+            pr[grid.index(v) if isinstance(v, str) else _near(grid, v)] += 2.0
+            probs.append(pr / pr.sum())
         stop = left - n_cem
         while left - pop >= stop:
             samples = []
             for _ in range(pop):
                 la, beta, gamma = gen.normal(mu, sd)
                 beta, gamma = float(np.clip(beta, 0.0, 1.0)), float(np.clip(gamma, 0.0, 2.0))
-                ci = int(gen.choice(len(CHUNKS), p=pc / pc.sum()))
-                si = int(gen.choice(len(SEQS), p=ps / ps.sum()))
+                idx = [int(gen.choice(len(pr), p=pr)) for pr in probs]
                 p = (1 - beta) * _rank(np.log(out + 10.0 ** la * prompt)) + beta * arrival_rank + gamma * no_slo
-                cost, engine = try_priority(p, CHUNKS[ci], SEQS[si])
-                samples.append((cost, la, beta, gamma, ci, si, p, engine))
-            samples.sort(key=lambda s: s[0])
+                pt = (p, CHUNKS[idx[0]], SEQS[idx[1]], PriorityOrder.LEVELS[idx[2]], cur[4])
+                cost, engine = try_point(pt)
+                samples.append((cost, (la, beta, gamma), idx, pt, engine))
+            samples.sort(key=lambda x: x[0])
             elite = samples[: max(2, pop // 4)]
             if elite[0][0] < cur_cost:
-                cur_cost, _, _, _, ci, si, cur_p, cur_engine = elite[0]
-                cur_c, cur_s = CHUNKS[ci], SEQS[si]
-            x = np.array([[e[1], e[2], e[3]] for e in elite])
+                cur_cost, _, _, cur, cur_engine = elite[0]
+            x = np.array([e[1] for e in elite])
             mu = 0.3 * mu + 0.7 * x.mean(axis=0)
             sd = np.maximum(0.3 * sd + 0.7 * x.std(axis=0), [0.1, 0.03, 0.05])
-            pc = 0.5 * pc / pc.sum() + 0.5 * np.bincount([e[4] for e in elite], minlength=len(CHUNKS)) / len(elite)
-            ps = 0.5 * ps / ps.sum() + 0.5 * np.bincount([e[5] for e in elite], minlength=len(SEQS)) / len(elite)
+            probs = [0.5 * pr + 0.5 * np.bincount([e[2][k] for e in elite], minlength=len(pr)) / len(elite)
+                     for k, pr in enumerate(probs)]
 
     # 3. local search on the per-request priorities of the best priority schedule
     weights = None
     while left > 0:
-        p, chunk, seqs = cur_p.copy(), cur_c, cur_s
+        p, chunk, seqs, levels, quantum = cur
         u = gen.random()
         if u < 0.15:  # a knob moves to a neighbour
-            if gen.random() < 0.5:
+            v = gen.random()
+            if v < 0.4:
                 chunk = CHUNKS[int(np.clip(_near(CHUNKS, chunk) + gen.choice([-1, 1]), 0, len(CHUNKS) - 1))]
-            else:
+            elif v < 0.8:
                 seqs = SEQS[int(np.clip(_near(SEQS, seqs) + gen.choice([-1, 1]), 0, len(SEQS) - 1))]
+            else:
+                levels = PriorityOrder.LEVELS[int(gen.integers(len(PriorityOrder.LEVELS)))]
         else:
             if weights is None:
                 weights = blame(cur_engine, metric)
             p = _move(p, cur_engine, weights, gen, promote=u < 0.6)
-        if p is None or (chunk == cur_c and seqs == cur_s and np.array_equal(p, cur_p)):
+        if p is None or (chunk, seqs, levels) == cur[1:4] and np.array_equal(p, cur[0]):
             left -= 1  # a move that changes nothing still spends a run of the budget
             continue
-        cost, engine = try_priority(p, chunk, seqs)
+        pt = (p, chunk, seqs, levels, quantum)
+        cost, engine = try_point(pt)
         if cost < cur_cost:
-            cur_cost, cur_p, cur_c, cur_s, cur_engine = cost, p, chunk, seqs, engine
+            cur_cost, cur, cur_engine = cost, pt, engine
             weights = None
 
     return HindsightResult(value=best["value"], start_value=s_value, start_spec=dict(s_spec), spec=best["spec"],

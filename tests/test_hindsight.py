@@ -50,16 +50,17 @@ def test_priority_vector_of_an_orders_keys_replays_the_static_policy_exactly(ord
 
 
 def brute_force(scenario: dict, chunk: int, seqs: int) -> float:
-    """The best mean E2E over every admission order at one budget and cap."""
+    """The best mean E2E over every admission order x levels mode at one budget and cap."""
     engine, _ = make_engine(scenario, "fcfs")
     n = len(engine.workload)
     best = np.inf
     for perm in itertools.permutations(range(n)):
         p = np.empty(n)
         p[list(perm)] = np.arange(n)
-        s = simulate(scenario, PriorityOrder(p, chunk, seqs)).summary
-        if s["n_completed"] == n:
-            best = min(best, s["e2e_s"]["mean"])
+        for levels in PriorityOrder.LEVELS:
+            s = simulate(scenario, PriorityOrder(p, chunk, seqs, levels)).summary
+            if s["n_completed"] == n:
+                best = min(best, s["e2e_s"]["mean"])
     return best
 
 
@@ -67,8 +68,10 @@ def test_hindsight_finds_the_brute_force_optimum_over_orders_on_a_tiny_instance(
     # on this instance the budget and the cap never bind (prompts of at most 10 tokens, at most 5
     # requests): every knob of the search space gives the same schedule, so orders are the whole space
     for p in (np.arange(5.0), np.array([4.0, 3, 2, 1, 0])):
-        values = {simulate(TINY, PriorityOrder(p, c, m)).summary["e2e_s"]["mean"] for c in CHUNKS for m in SEQS}
-        assert len(values) == 1
+        for levels in PriorityOrder.LEVELS:
+            values = {simulate(TINY, PriorityOrder(p, c, m, levels)).summary["e2e_s"]["mean"]
+                      for c in CHUNKS for m in SEQS}
+            assert len(values) == 1
     opt = brute_force(TINY, 0, 16)
     fcfs = simulate(TINY, {"name": "static", "order": "fcfs"}).summary["e2e_s"]["mean"]
     assert opt < fcfs  # the instance leaves room
@@ -77,7 +80,8 @@ def test_hindsight_finds_the_brute_force_optimum_over_orders_on_a_tiny_instance(
     assert r.start_value == fcfs
     assert r.headroom == pytest.approx((fcfs - opt) / fcfs)
     # the reported schedule has the reported value
-    again = simulate(TINY, PriorityOrder(r.priority, r.spec["chunk_size"], r.spec["max_num_seqs"])).summary
+    again = simulate(TINY, PriorityOrder(r.priority, r.spec["chunk_size"], r.spec["max_num_seqs"],
+                                         r.spec["levels"])).summary
     assert again["e2e_s"]["mean"] == r.value
 
 
