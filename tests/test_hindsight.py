@@ -11,7 +11,7 @@ import pytest
 
 from baselines.static import static_family
 from llmsched_gym.config import ConfigError
-from llmsched_gym.hindsight import CHUNKS, SEQS, TRUE_LENGTHS, PriorityOrder, hindsight
+from llmsched_gym.hindsight import CHUNKS, SEQS, TRUE_LENGTHS, PriorityOrder, blame, hindsight
 from llmsched_gym.sim import make_engine, simulate
 
 
@@ -122,3 +122,28 @@ def test_bad_arguments_are_one_line_errors():
         hindsight(TINY, {}, 0, MEAN_E2E, True, sims=-1)
     with pytest.raises(ConfigError, match="start: needs at least one policy spec"):
         hindsight(TINY, {}, 0, MEAN_E2E, True, start=[], sims=0)
+
+
+def test_blame_points_at_the_requests_that_make_the_metric():
+    sc = toy([0.0] * 5, [4, 4, 4, 4, 4], [6, 5, 4, 3, 2], capacity=100)
+    r = simulate(sc, {"name": "static", "order": "fcfs", "max_num_seqs": 1})
+    engine = r.engine
+    wait = r.requests["queue_delay_s"]
+    ttft = r.requests["ttft_s"]
+    assert list(wait) == sorted(wait) and wait[0] == 0  # served one by one in arrival order
+    promote, demote = blame(engine, "serving.mean_e2el_ms")
+    np.testing.assert_array_equal(promote, wait)  # the longest waits first
+    assert demote[0] == 6 and demote[-1] == 0  # admitted while others waited, weighted by output
+    promote, _ = blame(engine, "serving.p99_ttft_ms")
+    assert promote[-1] == ttft[-1] and np.all(promote[ttft < np.quantile(ttft, 0.97)] == 0)
+    # TTFT SLO of 6 s: near misses promoted (the nearest most), misses by more than the SLO demoted
+    slo = toy([0.0] * 5, [4, 4, 4, 4, 4], [6, 5, 4, 3, 2], capacity=100)
+    slo["workload"]["explicit"]["ttft_slo_s"] = [6.0] * 5
+    r = simulate(slo, {"name": "static", "order": "fcfs", "max_num_seqs": 1})
+    ttft = r.requests["ttft_s"]
+    promote, demote = blame(r.engine, "slo_attainment")
+    near = (ttft > 6) & (ttft <= 12)
+    far = ttft > 12
+    assert near.any() and far.any()
+    np.testing.assert_allclose(promote[near], 1 / (1 + (ttft[near] - 6) / 6))
+    assert np.all(promote[~near] == 0) and np.all(demote[far] > 0) and np.all(demote[ttft <= 6] == 0)
