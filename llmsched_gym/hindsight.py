@@ -93,8 +93,12 @@ class PriorityOrder(Static):
                          max_num_seqs=max_num_seqs, quantum=quantum, watermark=watermark)
         self.levels_mode = levels
         self.priority = np.asarray(priority, dtype=np.float64)
-        # within a level: the priority's rank, scaled below 1 so that the level dominates
-        self._within = _rank(self.priority) * 0.5 if levels != "none" else None
+        # within a level: the priority's dense rank (equal priorities stay equal, so the queue
+        # order breaks the tie as in ``static``), scaled below 1 so that the level dominates
+        self._within = None
+        if levels != "none":
+            dense = np.unique(self.priority, return_inverse=True)[1].astype(np.float64).reshape(-1)
+            self._within = dense / max(float(dense.max(initial=0.0)), 1.0) * 0.5
 
     def needs(self) -> str:
         return "true"
@@ -209,15 +213,17 @@ def _rank(x: np.ndarray) -> np.ndarray:
 
 def _point_of(spec: dict[str, Any], runner: _Runner, engine: Engine) -> tuple:
     """A search point that plays ``spec``: ``(priority, chunk_size, max_num_seqs, levels, quantum)``.
-    The priority is the order's keys for ``static`` ``prompt``/``output``/``total`` (the same
-    schedule), arrival order for ``fcfs``, ``las`` and ``mlfq`` (the latter two as levels), else
-    the admission times its run produced."""
+    The priority is the order's keys for ``static`` ``prompt``/``output``/``total``, equal for
+    ``fcfs``, ``las`` and ``mlfq`` (the queue order breaks ties, the latter two as levels): the
+    same schedule as the static policy (for ``output`` and ``total`` as long as nothing is
+    preempted: the static orders key a preempted request by its remaining output); else the ranks
+    of the admission times its run produced."""
     wl = runner.workload
     order = spec.get("order", "fcfs") if spec.get("name") == "static" else None
     chunk, seqs = int(spec.get("chunk_size", 512)), int(spec.get("max_num_seqs", 128))
     levels, quantum = ("none", 1) if order not in ("las", "mlfq") else (order, int(spec.get("quantum", 1)))
     if order in ("fcfs", "las", "mlfq"):
-        p = _rank(wl.arrival_s)
+        p = np.zeros(len(wl))
     elif order == "prompt":
         p = wl.prompt_tokens.astype(np.float64)
     elif order == "output":

@@ -35,18 +35,26 @@ def _same(a: dict, b: dict) -> None:
     assert {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
 
 
-@pytest.mark.parametrize("order", ["fcfs", "prompt", "output", "total"])
+@pytest.mark.parametrize("order", ["fcfs", "prompt", "output", "total", "las", "mlfq"])
 def test_priority_vector_of_an_orders_keys_replays_the_static_policy_exactly(order):
-    ov = {"workload.n_requests": 200, **TRUE_LENGTHS}
+    # las and mlfq in a KV of 30,000 tokens, where they preempt; output and total in the
+    # scenario's, where nothing is preempted (the static orders then key a preempted request by
+    # its remaining output, a fixed vector by its whole output)
+    kv = {"engine.kv_capacity_tokens": 30000} if order not in ("output", "total") else {}
+    ov = {"workload.n_requests": 200, **kv, **TRUE_LENGTHS}
     engine, _ = make_engine("azure-conv", "fcfs", 4, ov)
     wl = engine.workload
-    keys = {"fcfs": np.arange(len(wl)), "prompt": wl.prompt_tokens, "output": wl.output_tokens,
-            "total": wl.prompt_tokens + wl.output_tokens}[order]
+    equal = np.zeros(len(wl))  # the queue order breaks every tie
+    keys = {"fcfs": equal, "prompt": wl.prompt_tokens, "output": wl.output_tokens,
+            "total": wl.prompt_tokens + wl.output_tokens, "las": equal, "mlfq": equal}[order]
+    levels = order if order in ("las", "mlfq") else "none"
     for chunk, seqs in ((256, 128), (0, 32)):
         ref = simulate("azure-conv", {"name": "static", "order": order, "chunk_size": chunk, "max_num_seqs": seqs}, 4,
                        ov).summary
-        got = simulate("azure-conv", PriorityOrder(keys, chunk, seqs), 4, ov).summary
+        got = simulate("azure-conv", PriorityOrder(keys, chunk, seqs, levels), 4, ov).summary
         _same(ref, got)
+        if levels != "none":
+            assert ref["preemptions"] > 0
 
 
 def brute_force(scenario: dict, chunk: int, seqs: int) -> float:
