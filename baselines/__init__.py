@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, NamedTuple
 
-from .base import REGISTRY, PolicyError, register
+from .base import REGISTRY, NotApplicable, PolicyError, check_applicable, policy_label, register
 
 
 class PolicyEntry(NamedTuple):
@@ -169,5 +169,34 @@ def _show(spec: str | dict[str, Any]) -> str:
     return repr(spec) if isinstance(spec, str) else repr(spec.get("name", spec))
 
 
-__all__ = ["POLICIES", "REGISTRY", "PolicyEntry", "PolicyError", "available", "make_policy", "parse_spec",
-           "policy_class", "policy_params", "register", "validate_spec"]
+def applicable(policy_spec: Any, information: str) -> tuple[bool, str]:
+    """Whether a policy can run on a task with the information model ``information``
+    (``clairvoyant``, ``predicted`` or ``blind``), and if not the one-line reason, without
+    running it (the benchmark lists not-applicable entrants this way).
+
+    :param policy_spec: a name (``"sjf"``), ``"NAME:key=value,..."``, ``{"name": ..., **params}``
+        or a built Scheduler.
+    :returns: ``(True, "")`` or ``(False, "sjf needs output-length predictions; the task is blind")``.
+    :raises PolicyError: on an unknown policy or a bad parameter.
+    """
+    from llmsched_gym.core.scheduler import Scheduler
+
+    if isinstance(policy_spec, Scheduler):
+        policy = policy_spec
+    else:
+        policy_spec = parse_spec(policy_spec)
+        if isinstance(policy_spec, dict):
+            params = dict(policy_spec)
+            policy = make_policy(params.pop("name"), **params)
+        else:
+            policy = make_policy(policy_spec)
+    try:
+        check_applicable(policy, information)
+    except NotApplicable as e:
+        return False, str(e)
+    return True, ""
+
+
+__all__ = ["POLICIES", "REGISTRY", "NotApplicable", "PolicyEntry", "PolicyError", "applicable", "available",
+           "check_applicable", "make_policy", "parse_spec", "policy_class", "policy_label", "policy_params", "register",
+           "validate_spec"]

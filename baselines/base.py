@@ -32,6 +32,7 @@ import numpy as np
 
 from llmsched_gym.config import ConfigError, coerce_like
 from llmsched_gym.core.batching import chunk_blocks, decode_blocks
+from llmsched_gym.core.information import reason_not_applicable
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
 WAITING, RUNNING = 1, 2
@@ -41,6 +42,29 @@ REGISTRY: dict[str, type[Scheduler]] = {}
 
 class PolicyError(ConfigError):
     """Unknown policy or bad policy parameter."""
+
+
+class NotApplicable(PolicyError):
+    """The policy needs output-length information the task's information model does not give
+    (``"sjf needs output-length predictions; the task is blind"``)."""
+
+
+def policy_label(policy: Scheduler) -> str:
+    """``name`` plus the parameters that differ from their defaults (``mcsf:oracle=True``)."""
+    changed = [f"{k}={getattr(policy, k)!r}".replace("'", "") for k, d in type(policy).params.items()
+               if hasattr(policy, k) and getattr(policy, k) != d]
+    return f"{policy.name}:{','.join(changed)}" if changed else policy.name
+
+
+def check_applicable(policy: Scheduler, information: str) -> None:
+    """Raise :class:`NotApplicable` (one line) if ``policy.needs()`` exceeds ``information``
+    (for a :class:`~llmsched_gym.core.switch.Switch`, the reason names the first candidate)."""
+    from llmsched_gym.core.switch import Switch
+
+    for p in policy.candidates if isinstance(policy, Switch) else [policy]:
+        reason = reason_not_applicable(policy_label(p), p.needs(), information)
+        if reason is not None:
+            raise NotApplicable(reason)
 
 
 def register(name: str):

@@ -29,6 +29,9 @@ class FCFS(Scheduler):
         if self.admission not in ("fit", "reserve"):
             raise PolicyError(f"policy.admission: {self.admission!r} is not one of fit, reserve")
 
+    def needs(self) -> str:
+        return "predicted" if self.admission == "reserve" else "nothing"
+
     def schedule(self, view: EngineView) -> BatchPlan:
         bs = view.block_size
         cont, blocks = finish_prefills(view)  # only in the env's meta mode

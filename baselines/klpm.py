@@ -70,6 +70,9 @@ class _PrefixAware(Scheduler):
         _check(self.max_prefill_tokens >= 0, "max_prefill_tokens", "an int >= 0 (0 = no cap)",
                self.max_prefill_tokens)
 
+    def needs(self) -> str:
+        return "predicted" if self.memory == "reserve" else "nothing"
+
     def reset(self, config, rng: np.random.Generator) -> None:
         super().reset(config, rng)
         self._prefix: list | None = None

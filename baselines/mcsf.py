@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from llmsched_gym.core.information import CLAIRVOYANT
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
 from .base import PolicyError, configure, finish_prefills, register
@@ -123,6 +124,9 @@ class MCSF(Scheduler):
         self._queue = []
         self._emits = 1 if config.prefill_emits_token else 0
         self._pad = config.block_size - 1
+
+    def needs(self) -> str:
+        return "true" if self.oracle else "predicted"
 
     def _lengths(self, view: EngineView) -> np.ndarray:
         return view.workload.output_tokens if self.oracle else view.predicted_output
@@ -233,6 +237,8 @@ class MCSF(Scheduler):
         j = int(np.searchsorted(prof.points, o, side="right"))
         if j == 0 or int((prof.memory[:j] + prof.points[:j]).max()) + s - k1 <= prof.capacity:
             return False
+        if view.information != CLAIRVOYANT:
+            return False  # which request completes first is unknown: no fast-forward past k1
         ids = np.asarray(view.running, dtype=np.int64)
         true_left = view.workload.output_tokens[ids] - view.generated[ids]
         return int(true_left.min()) - 1 <= k1

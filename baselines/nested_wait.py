@@ -114,6 +114,9 @@ class NestedWAIT(Scheduler):
         if self.slack < 0:
             raise PolicyError(f"policy.slack: must be >= 0, got {self.slack}")
 
+    def needs(self) -> str:
+        return "predicted"  # the segments' tail rates come from the predicted output lengths
+
     def reset(self, config, rng) -> None:
         super().reset(config, rng)
         self.n: list[int] = []

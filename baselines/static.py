@@ -224,6 +224,9 @@ class Static(OrderedBatcher):
         self.reads_prediction = self.order in NEEDS_PREDICTION
         self._entry: np.ndarray | None = None
 
+    def needs(self) -> str:
+        return "predicted" if self.reads_prediction else "nothing"
+
     def reset(self, config, rng: np.random.Generator) -> None:
         super().reset(config, rng)
         self._entry = None

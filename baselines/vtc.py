@@ -13,8 +13,9 @@ that joins the waiting set is lifted to the lowest counter of the waiting client
 ``vtc-predict``    Algorithm 3: the predicted output is charged at admission, tokens beyond it
                    per step, the over-prediction refunded at finish; ``predictor``: ``last5``
                    (mean of the client's last five outputs, the paper), ``ema5`` (the
-                   artifact), ``noisy`` (true length x U(1 - noise, 1 + noise), App. B.3),
-                   ``workload`` (the scenario's ``predicted_output``)
+                   artifact), ``noisy`` (predicted length x U(1 - noise, 1 + noise): the
+                   true length, as App. B.3, on a clairvoyant scenario), ``workload`` (the
+                   scenario's ``predicted_output``)
 ``vtc-oracle``     Algorithm 3 with the true output length
 ``lcf``            least counter first: VTC without the lift (§5.1)
 ``rpm``            requests-per-minute limit per client, FCFS otherwise (§5.1); ``limit = 0``
@@ -192,6 +193,9 @@ class _FairAdmission(Scheduler):
         _check(self.batch_max_tokens >= -1, "batch_max_tokens", "an int >= -1 (-1 auto, 0 no cap)",
                self.batch_max_tokens)
         _check(self.max_running >= 0, "max_running", "an int >= 0 (0 = no cap)", self.max_running)
+
+    def needs(self) -> str:
+        return "nothing" if self.memory == "fit" else "predicted"
 
     def reset(self, config, rng: np.random.Generator) -> None:
         super().reset(config, rng)
@@ -498,6 +502,9 @@ class PredictVTC(VTC):
         _check(self.predictor in PREDICTORS, "predictor", f"one of {', '.join(PREDICTORS)}", self.predictor)
         _check(0.0 <= self.noise <= 1.0, "noise", "in [0, 1]", self.noise)
 
+    def needs(self) -> str:
+        return "predicted" if self.predictor in ("noisy", "workload") else super().needs()
+
     def _setup(self, view: EngineView) -> None:
         super()._setup(view)
         self._history: list[deque[int]] = [deque(maxlen=5) for _ in range(self.n_clients)]
@@ -510,9 +517,9 @@ class PredictVTC(VTC):
             return round(sum(h) / len(h)) if h else 0
         if kind == "ema5":
             return round(self._ema[int(self._client[rid])])
-        if kind == "noisy":
-            true = int(view.workload.output_tokens[rid])
-            return max(1, round(true * self.rng.uniform(1.0 - self.noise, 1.0 + self.noise)))
+        if kind == "noisy":  # the paper's noise on the true length: on the prediction (the true one when clairvoyant)
+            base = int(view.predicted_output[rid])
+            return max(1, round(base * self.rng.uniform(1.0 - self.noise, 1.0 + self.noise)))
         return int(view.predicted_output[rid])
 
     def on_finish(self, req_id: int, view: EngineView) -> None:
@@ -527,6 +534,9 @@ class PredictVTC(VTC):
 @register("vtc-oracle")
 class OracleVTC(VTC):
     """VTC charged with the true output length at admission (Sheng et al. 2024, section 4.4, VTC(oracle))."""
+
+    def needs(self) -> str:
+        return "true"
 
     def _predict(self, rid: int, view: EngineView) -> int:
         return int(view.workload.output_tokens[rid])

@@ -182,6 +182,9 @@ class WAIT(Scheduler):
         if any(float(r) <= 0 for r in self.rates):
             raise PolicyError(f"policy.rates: must all be > 0, got {self.rates!r}")
 
+    def needs(self) -> str:
+        return "nothing" if self.rule == "explicit" else "predicted"  # the types' mean predicted output
+
     def reset(self, config, rng) -> None:
         super().reset(config, rng)
         self.n: list[int] | None = None

@@ -10,6 +10,7 @@ import numpy as np
 
 from llmsched_gym.config import explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.engine import Engine, EngineConfig
+from llmsched_gym.core.information import information_of
 from llmsched_gym.core.metrics import request_table, summarize
 from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
 from llmsched_gym.core.scheduler import Scheduler
@@ -70,6 +71,9 @@ def make_engine(
         pol = {"name": policy, **set_params}
     scheduler = make_policy(pol, policy_params)
     workload, config, latency = build_scenario(spec, seed)
+    from baselines import check_applicable
+
+    check_applicable(scheduler, information_of(workload))  # NotApplicable: one line naming what it lacks
     if scheduler.engine_overrides:
         fields = merge_engine_overrides(asdict(config), scheduler.engine_overrides, explicit_engine_keys(overrides))
         config = EngineConfig(**fields)

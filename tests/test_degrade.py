@@ -33,7 +33,8 @@ ABORTED = [  # (scenario, policy, seed, overrides): each ended in a PlanError be
     ("azure-conv", "echo-bs-e", 692495, {"workload.n_requests": 121, "engine.kv_capacity_tokens": 5939,
                                          "engine.block_size": 32, "engine.preempt_mode": "swap"}),
     ("jaillet-noisy", "vtc-oracle", 23526, {"workload.n_requests": 236, "engine.kv_capacity_tokens": 8246,
-                                            "engine.overflow": "forbid"}),
+                                            "engine.overflow": "forbid",  # vtc-oracle needs the true lengths
+                                            "workload.predictor": {"type": "oracle"}}),
 ]
 
 

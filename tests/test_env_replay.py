@@ -17,8 +17,8 @@ import baselines
 from llmsched_gym.env.llmsched_env import LLMSchedEnv, default_candidates
 from llmsched_gym.sim import make_policy, simulate
 
-SIZES = {
-    "azure-conv": {"workload.n_requests": 300},
+SIZES = {  # azure-conv clairvoyant: every registered policy (vtc-oracle too) can be a candidate
+    "azure-conv": {"workload.n_requests": 300, "workload.predictor": {"type": "oracle"}},
     "jaillet-high": {"workload.n_requests": 150},
     "vtc-arena": {"workload.n_requests": 200},
     "klpm-toy": {},

@@ -30,8 +30,11 @@ from llmsched_gym.core.scheduler import BatchPlan, Scheduler
 from llmsched_gym.core.switch import Switch
 from llmsched_gym.sim import make_engine, simulate
 
+# azure-conv is run clairvoyant here, so that every registered policy (vtc-oracle, which reads the
+# true lengths, too) can be a candidate; tests/test_information.py covers the predicted task
+ORACLE = {"workload.predictor": {"type": "oracle"}}
 SMALL = {
-    "azure-conv": {"workload.n_requests": 60},
+    "azure-conv": {"workload.n_requests": 60, **ORACLE},
     "jaillet-high": {"workload.n_requests": 60},
     "vtc-arena": {"workload.n_requests": 60},
     "klpm-toy": {},
@@ -41,7 +44,7 @@ SMALL = {
 }
 # small KV so that requests queue, preempt and chunk
 TIGHT = {
-    "azure-conv": {"workload.n_requests": 120, "engine.kv_capacity_tokens": 16000},
+    "azure-conv": {"workload.n_requests": 120, "engine.kv_capacity_tokens": 16000, **ORACLE},
     "jaillet-high": {"workload.n_requests": 120, "engine.kv_capacity_tokens": 6000},
     "vtc-arena": {"workload.n_requests": 120, "engine.kv_capacity_tokens": 4000},
     "klpm-toy": {},

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llmsched_gym.core.information import information_of
+
 if TYPE_CHECKING:
     from llmsched_gym.core.engine import Engine
 
@@ -189,6 +191,8 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         # the batch-time model that ran (a spec that rebuilds it): a missing Vidur profile's
         # calibrated stand-in shows here
         "latency_model": str(getattr(engine.latency, "name", type(engine.latency).__name__)),
+        # what the policy knew about output lengths: clairvoyant, predicted or blind
+        "information": information_of(wl),
         "n_arrived": n_arrived,
         "n_completed": n_completed,
         "n_rejected": n_rejected,

@@ -38,7 +38,8 @@ class Workload:
     :param arrival_s: arrival times in seconds (or rounds in round mode), non-decreasing.
     :param prompt_tokens: prompt length of each request (>= 1).
     :param output_tokens: true output length (>= 1); hidden from non-oracle policies.
-    :param predicted_output: the output length a policy may use (defaults to the true one).
+    :param predicted_output: the output length a policy may use (defaults to the true one); all
+        zeros means no prediction (the ``none`` predictor, the blind information model).
     :param client: client id of each request (fairness, Sheng et al. 2024); 0 when there is one client.
     :param task_class: ``ONLINE`` (0) or ``OFFLINE`` (1) (Wang et al. 2025).
     :param type_id: prompt type (Ao et al. 2025's types; 0 when untyped).
@@ -116,6 +117,8 @@ class Workload:
             raise WorkloadError("arrival_s: must be sorted (non-decreasing); use Workload.sorted()")
         for name in ("prompt_tokens", "output_tokens", "predicted_output"):
             a = getattr(self, name)
+            if name == "predicted_output" and not a.any():
+                continue  # all zeros: no prediction (blind)
             if a.min() < 1:
                 i = int(np.argmin(a))
                 raise WorkloadError(f"{name}: must be >= 1 (request {i} has {int(a[i])})")

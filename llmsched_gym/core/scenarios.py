@@ -14,7 +14,7 @@ and ``--scenario my.yml`` (or ``gymnasium.make(..., scenario="my.yml")``) runs a
 schema, checked by :func:`llmsched_gym.config.check_scenario`. Override any leaf with a dotted key
 (``--set workload.n_requests=500 --set engine.kv_capacity_tokens=20000``); values are parsed as
 YAML scalars. ``--scenario trace:azure:PATH`` (or ``trace:vtc:``, ``trace:csv:``, ``trace:jsonl:``,
-``trace:sharegpt:``) runs a trace file on the ``azure-conv`` engine settings.
+``trace:sharegpt:``) runs a trace file on the ``azure-conv`` engine settings and predictor.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import copy
 import re
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from llmsched_gym.config import ConfigError, apply_overrides, check_scenario, load_yaml, yaml_load
 from llmsched_gym.core.engine import EngineConfig
@@ -72,7 +74,9 @@ def get_scenario(name: str, overrides: dict[str, Any] | None = None) -> dict[str
             raise ScenarioError(f"scenario: {name!r} should look like trace:FORMAT:PATH") from None
         base = copy.deepcopy(SCENARIOS[DEFAULT_SCENARIO])
         base["description"] = f"{fmt} trace {path} on the {DEFAULT_SCENARIO} engine settings"
-        base["workload"] = {"trace": {"format": fmt, "path": path}}
+        # the trace replaces the requests; the predictor (the information model) stays azure-conv's
+        base["workload"] = {"trace": {"format": fmt, "path": path}, **{
+            k: v for k, v in base["workload"].items() if k == "predictor"}}
         spec = base
     elif name in SCENARIOS:
         spec = SCENARIOS[name]
@@ -145,6 +149,8 @@ def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineCon
             if "prefix" in ex:
                 ex["prefix"] = [tuple(tuple(seg) for seg in p) if p else None for p in ex["prefix"]]
             workload = Workload(**ex)
+            if "predictor" in wspec:  # a hand-made instance under another information model
+                workload = _explicit_predictor(workload, wspec["predictor"], seed)
         else:
             workload = build_workload(wspec, seed)
     except WorkloadError as e:
@@ -157,6 +163,19 @@ def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineCon
     except ValueError as e:  # make_latency's messages name the field; make them the project's error type
         raise ConfigError(str(e)) from None
     return workload, config, latency
+
+
+def _explicit_predictor(workload: Workload, spec: Any, seed: int) -> Workload:
+    """``workload.predictor`` beside ``explicit`` arrays: the predictor's lengths replace any
+    explicit ``predicted_output`` and its information model goes into ``meta``."""
+    from llmsched_gym.core.workload import _PREDICTORS, _field, _typed, information_of_predictor, predict
+
+    kind, p = _typed(spec, "predictor", _PREDICTORS)
+    with _field("predictor"):
+        pred = predict(workload, kind, np.random.default_rng([seed, 0x9E37]), **p)
+    out = workload.with_(predicted_output=pred)
+    out.meta = {**workload.meta, "information": information_of_predictor(kind)}
+    return out
 
 
 __all__ = [

@@ -23,6 +23,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from llmsched_gym.core.information import (
+    BLIND,
+    CLAIRVOYANT,
+    GuardedWorkload,
+    InformationError,
+    hidden_message,
+    information_of,
+)
+
 if TYPE_CHECKING:
     from llmsched_gym.core.engine import Engine, EngineConfig
     from llmsched_gym.core.kv import KVCache
@@ -77,9 +86,15 @@ class EngineView:
                               4 rejected
     ``n_in_prefill``          running requests whose prefill is unfinished (chunked)
     ``waiting_tokens``        prompt tokens the waiting requests still have to prefill
-    ``workload``              the :class:`Workload` (true lengths: oracle policies only)
+    ``information``           the task's information model (``clairvoyant``,
+                              ``predicted`` or ``blind``, see
+                              :mod:`llmsched_gym.core.information`)
+    ``workload``              the :class:`Workload`; under ``predicted`` and ``blind`` a
+                              :class:`~llmsched_gym.core.information.GuardedWorkload`
+                              whose ``output_tokens`` raises ``InformationError``
     ``prompt_tokens``         prompt length per request
-    ``predicted_output``      the output length a non-oracle policy may use
+    ``predicted_output``      the output length a policy may use (the true one when
+                              clairvoyant); raises ``InformationError`` under ``blind``
     ``arrival_s``             arrival time per request
     ``prefilled``             prompt (or recompute) tokens whose KV is computed
     ``prefill_target``        tokens to prefill at (re)admission (prompt, or prompt +
@@ -101,10 +116,13 @@ class EngineView:
     ========================  =========================================================
     """
 
-    __slots__ = ("_e",)
+    __slots__ = ("_e", "_wl", "information")
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
+        self.information = information_of(engine.workload)
+        wl = engine.workload
+        self._wl = wl if self.information == CLAIRVOYANT else GuardedWorkload(wl, self.information)
 
     @property
     def kv(self) -> KVCache:
@@ -143,7 +161,7 @@ class EngineView:
     # workload
     @property
     def workload(self) -> Workload:
-        return self._e.workload
+        return self._wl  # type: ignore[return-value]  # a GuardedWorkload reads like one
 
     @property
     def prompt_tokens(self) -> np.ndarray:
@@ -151,6 +169,8 @@ class EngineView:
 
     @property
     def predicted_output(self) -> np.ndarray:
+        if self.information == BLIND:
+            raise InformationError(hidden_message("predicted_output", BLIND))
         return self._e.workload.predicted_output
 
     @property
@@ -240,6 +260,14 @@ class Scheduler:
     def reset(self, config: EngineConfig, rng: np.random.Generator) -> None:
         """Called once before a run; ``rng`` is the policy's own seeded stream."""
         self.rng = rng
+
+    def needs(self) -> str:
+        """What the policy reads about output lengths, with its parameters: ``"nothing"``,
+        ``"predicted"`` (``view.predicted_output``) or ``"true"`` (``view.workload.output_tokens``).
+        A task whose information model does not provide it cannot run the policy (see
+        :mod:`llmsched_gym.core.information`); the default, ``"nothing"``, suits a policy that
+        reads neither."""
+        return "nothing"
 
     def schedule(self, view: EngineView) -> BatchPlan:
         raise NotImplementedError

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.core.information import NEEDS
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
 _HOOKS = ("on_arrival", "on_tokens", "on_prefill", "on_preempt", "on_finish")
@@ -65,6 +66,11 @@ class Switch(Scheduler):
         self.engine_overrides = merged
         self._hooked = {h: [c for c in self.candidates if c.wants(h)] for h in _HOOKS}
         self._rejected_by: dict[int, Scheduler] = {}
+
+    def needs(self) -> str:
+        """The most that any candidate reads about output lengths (every candidate follows the
+        hooks, so each must be applicable to the task)."""
+        return max((c.needs() for c in self.candidates), key=NEEDS.index)
 
     def wants(self, hook: str) -> bool:  # type: ignore[override]
         """Whether some candidate overrides ``hook`` (an instance method: the engine asks the
