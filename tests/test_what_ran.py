@@ -88,3 +88,10 @@ def test_the_demo_baseline_table_says_synthetic_stand_in(clone, capsys):
 
     baseline_table("azure-conv", 0, 20)
     assert "azure-conv (synthetic stand-in for azure-conv), seed 0" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_reproduce_line_says_synthetic_stand_in(clone, tmp_path, capsys):
+    assert main(["reproduce", "vtc", "--quick", "--out", str(tmp_path / "vtc")]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("vtc (VTC (Sheng et al. 2024) (synthetic stand-in for vtc-arena)): ")
+    assert "rows reproduced" in line

@@ -281,7 +281,9 @@ def run_paper(paper: str, quick: bool, out: str | Path | None = None, settings: 
             report = importlib.import_module(f"llmsched_gym.reproduce.{paper}").run(quick)
     elapsed = time.perf_counter() - t0
     path = write_report(report, Path(out) if out else Path("runs/reproduce") / paper, elapsed, quick)
-    print(f"{paper}: {sum(r.verdict == 'reproduced' for r in report.rows)}/{len(report.rows)} rows reproduced; "
+    # the report's title names the paper and, when a trace was missing, its synthetic stand-in
+    print(f"{paper} ({report.title}): {sum(r.verdict == 'reproduced' for r in report.rows)}/{len(report.rows)} "
+          "rows reproduced; "
           f"took {elapsed:.1f} s; report: {path}")
     return path
 
