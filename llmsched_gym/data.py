@@ -295,8 +295,8 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
             raise DataError(f"{ds.name}: download from {src} failed ({reason}); "
                             f"run the same command again to resume") from None
     if cut_short:
-        raise DataError(f"{ds.name}: download from {src} stopped at byte {part.stat().st_size:,} of "
-                        f"{ds.size:,}; run the same command again to resume")
+        raise DataError(f"{ds.name}: download from {src} stopped at byte {part.stat().st_size:,}, before the "
+                        "end the server announced; run the same command again to resume")
     got = _hash(part)  # never the remembered hash: the part file changes in place
     if ds.derive is not None and got == ds.source_sha256:
         built = DERIVERS[ds.derive](part.read_bytes())
