@@ -216,7 +216,9 @@ def recipe(cfg: TrainConfig, hp: dict[str, Any]) -> dict[str, Any]:
 
 
 def recipe_line(r: dict[str, Any]) -> str:
-    """``recipe: agents/hyperparams/ppo.yml, entry azure-conv: ppo (the action mode), action mode ...``"""
+    """The line ``llmsched train`` prints: ``recipe: agents/hyperparams/ppo.yml, entry azure-conv (over
+    default): ppo (from the action mode), action mode priority (from --action-mode), 2,000,000 steps,
+    2 envs``."""
     entry = r["entry"] if r["entry"] == "default" else f"{r['entry']} (over default)"
     bc = r["bc_from"] if isinstance(r["bc_from"], str) or r["bc_from"] is None else r["bc_from"]["name"]
     return (f"recipe: {r['file']}, entry {entry}: {r['algo']} (from {r['algo_from']}), action mode "
