@@ -21,8 +21,9 @@ lengths:
    percentile, the near misses for an SLO metric) move just ahead of a request admitted during
    their wait; requests admitted while others waited (long outputs first, or SLO requests that
    missed by far) move just behind one of those; one to sixteen requests per move; or the budget
-   or the cap moves to a neighbour in its grid, or the levels mode changes. A move is kept when
-   the metric improves.
+   or the cap moves to a neighbour in its grid, or the levels mode or their quantum changes. A
+   move is kept when the metric improves. (Before the cross-entropy method, the budgets and caps
+   next to the start's are tried, up to 8 runs.)
 
 Every candidate runs on the real engine (same scenario, same seed: the same workload the
 entrants see) with :class:`PriorityOrder`, Sarathi's batch former reading the waiting queue in
@@ -61,7 +62,9 @@ CHUNKS = (0, 128, 256, 512, 1024, 2048)
 """Token budgets the search moves between (0: whole prefill)."""
 SEQS = (16, 32, 64, 128, 256)
 """``max_num_seqs`` values the search moves between."""
-DEFAULT_SIMS = 150
+QUANTA = (1, 2, 4, 8, 16)
+"""The levels' quanta the search moves between."""
+DEFAULT_SIMS = 120
 """Search runs after the starting candidates (parametric and local search together)."""
 TRUE_LENGTHS = {"workload.predictor": {"type": "oracle"}}
 """The override that gives every candidate the true output lengths."""
@@ -306,8 +309,20 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
             best.update(cost=cost, value=value, priority=p.copy(), spec=spec)
         return cost, engine
 
-    if left > 0:  # the best start replayed as a priority vector (identical for prompt/output/total)
+    if left > 0:  # the best start replayed as a priority vector (the same schedule for most orders)
         cur_cost, cur_engine = try_point(cur)
+    # the budget and the cap next to the start's (up to 8 runs)
+    p0, c0, s0, l0, q0 = cur
+    ci, si = _near(CHUNKS, c0), _near(SEQS, s0)
+    for dc, ds in ((0, -1), (0, 1), (-1, 0), (1, 0), (-1, -1), (1, 1), (-1, 1), (1, -1)):
+        if left <= sims // 2:
+            break
+        if 0 <= ci + dc < len(CHUNKS) and 0 <= si + ds < len(SEQS):
+            pt = (p0, CHUNKS[ci + dc], SEQS[si + ds], l0, q0)
+            if pt[1:3] != (c0, s0):
+                cost, engine = try_point(pt)
+                if cost < cur_cost:
+                    cur_cost, cur, cur_engine = cost, pt, engine
 
     # 2. parametric search: cross-entropy method over (log10 a, beta, gamma, budget, cap, levels)
     wl = runner.workload
@@ -356,13 +371,15 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
                 chunk = CHUNKS[int(np.clip(_near(CHUNKS, chunk) + gen.choice([-1, 1]), 0, len(CHUNKS) - 1))]
             elif v < 0.8:
                 seqs = SEQS[int(np.clip(_near(SEQS, seqs) + gen.choice([-1, 1]), 0, len(SEQS) - 1))]
-            else:
+            elif v < 0.9 or levels == "none":
                 levels = PriorityOrder.LEVELS[int(gen.integers(len(PriorityOrder.LEVELS)))]
+            else:
+                quantum = QUANTA[int(np.clip(_near(QUANTA, quantum) + gen.choice([-1, 1]), 0, len(QUANTA) - 1))]
         else:
             if weights is None:
                 weights = blame(cur_engine, metric)
             p = _move(p, cur_engine, weights, gen, promote=u < 0.6)
-        if p is None or (chunk, seqs, levels) == cur[1:4] and np.array_equal(p, cur[0]):
+        if p is None or (chunk, seqs, levels, quantum) == cur[1:5] and np.array_equal(p, cur[0]):
             left -= 1  # a move that changes nothing still spends a run of the budget
             continue
         pt = (p, chunk, seqs, levels, quantum)
@@ -442,16 +459,16 @@ def _move(p: np.ndarray, engine: Engine, weights: tuple[np.ndarray, np.ndarray],
     for i in movers:
         if promote:
             # requests admitted while i waited, ahead of it (the ones it competed with)
-            during = np.flatnonzero((first >= arrival[i]) & (first < first[i]) & (p < p[i]))
+            during = np.flatnonzero((first >= arrival[i]) & (first < first[i]) & (p <= p[i]))
             if len(during):
                 j = int(gen.choice(during))
                 p[i] = p[j] - 1e-9 * (1 + abs(p[j]))
         else:
-            rivals = np.flatnonzero((arrival <= first[i]) & (first > first[i]) & (p > p[i]))
+            rivals = np.flatnonzero((arrival <= first[i]) & (first > first[i]) & (p >= p[i]))
             if len(rivals):
                 j = int(gen.choice(rivals))
                 p[i] = p[j] + 1e-9 * (1 + abs(p[j]))
     return p
 
 
-__all__ = ["CHUNKS", "DEFAULT_SIMS", "SEQS", "HindsightResult", "PriorityOrder", "blame", "hindsight"]
+__all__ = ["CHUNKS", "DEFAULT_SIMS", "QUANTA", "SEQS", "HindsightResult", "PriorityOrder", "blame", "hindsight"]
