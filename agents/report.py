@@ -62,6 +62,10 @@ class RunRecord:
         return {k: float(get(self.summary)) for k, _, get, _ in METRICS}
 
 
+MAX_SEEDS = 10_000
+"""Most workload seeds one evaluation takes (each is one episode per policy and load)."""
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"0-4"`` -> [0, 1, 2, 3, 4]; ``"1,5,7-8"`` -> [1, 5, 7, 8]."""
     seeds: list[int] = []
@@ -71,9 +75,13 @@ def parse_seeds(text: str) -> list[int]:
             continue
         try:
             lo, _, hi = part.partition("-")
-            seeds.extend(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
         except ValueError:
             raise ConfigError(f"seeds: {text!r} is not a list like 0-4 or 1,3,5") from None
+        if not (0 <= first <= last < 2**63) or len(seeds) + last - first + 1 > MAX_SEEDS:
+            raise ConfigError(f"seeds: {text!r} names {'more than ' + format(MAX_SEEDS, ',') if first <= last else 'no'} "
+                              f"seeds; give at most {MAX_SEEDS:,} seeds in [0, 2^63), each range low-high")
+        seeds.extend(range(first, last + 1))
     if not seeds:
         raise ConfigError(f"seeds: {text!r} names no seed")
     return seeds

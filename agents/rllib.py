@@ -176,9 +176,12 @@ def train_rllib(cfg: RLlibConfig, progress: bool = True) -> dict[str, Any]:
     into ``cfg.out / name``; returns ``run.json``'s content."""
     from torch.utils.tensorboard import SummaryWriter
 
-    name = cfg.name or f"{cfg.scenario}-rllib-ppo-s{cfg.seed}"
-    # absolute: RLlib's checkpoint writer (pyarrow) takes a relative path for a URI without a scheme
-    run_dir = Path(cfg.out).resolve() / name
+    from llmsched_gym.config import run_folder, safe_run_name
+
+    name = cfg.name or safe_run_name(f"{cfg.scenario}-rllib-ppo-s{cfg.seed}")
+    # inside cfg.out, links followed; absolute: RLlib's checkpoint writer (pyarrow) takes a relative
+    # path for a URI without a scheme
+    run_dir = run_folder(cfg.out, name, "--name").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     algo = build_config(cfg).build_algo()
     writer = SummaryWriter(str(run_dir))

@@ -251,6 +251,33 @@ def read_agent_file(stem: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return meta, tensors
 
 
+def _check_policy_kwargs(cls: Any, policy: str, kwargs: Any) -> None:
+    """``policy_kwargs`` name only parameters the policy (and its features extractor) takes."""
+    import inspect
+
+    if not isinstance(kwargs, dict):
+        raise AgentFileError(f"policy_kwargs: expected a mapping, got {type(kwargs).__name__}")
+    policy_cls = cls.policy_aliases.get(policy, policy) if hasattr(cls, "policy_aliases") else None
+    if policy_cls is None or isinstance(policy_cls, str):
+        return
+    skip = {"self", "observation_space", "action_space", "lr_schedule"}
+    allowed = [p for p in inspect.signature(policy_cls.__init__).parameters if p not in skip]
+    for key in kwargs:
+        if key not in allowed:
+            raise AgentFileError(f"policy_kwargs.{key}: unknown for {policy_cls.__name__}; allowed: {', '.join(allowed)}")
+    extractor = kwargs.get("features_extractor_class")
+    fe_kwargs = kwargs.get("features_extractor_kwargs") or {}
+    if not isinstance(fe_kwargs, dict):
+        raise AgentFileError("policy_kwargs.features_extractor_kwargs: expected a mapping")
+    if isinstance(extractor, type) and fe_kwargs:
+        params = inspect.signature(extractor.__init__).parameters
+        fe_allowed = [p for p in params if p not in ("self", "observation_space")]
+        for key in fe_kwargs:
+            if key not in fe_allowed:
+                raise AgentFileError(f"policy_kwargs.features_extractor_kwargs.{key}: unknown for {extractor.__name__}; "
+                                     f"allowed: {', '.join(fe_allowed)}")
+
+
 def build_model(meta: dict[str, Any], tensors: dict[str, Any], env: Any = None, hyperparams: dict[str, Any] | None = None,
                 tensorboard_log: str | None = None) -> Any:
     """The SB3 model an agent file describes, with its weights (and, given ``env``, its optimizer
@@ -263,7 +290,10 @@ def build_model(meta: dict[str, Any], tensors: dict[str, Any], env: Any = None, 
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from agents.agent import algo_class
+    from llmsched_gym.config import HYPERPARAMS as SCHEMA
+    from llmsched_gym.config import ConfigError, check_network_sizes
 
+    inference = env is None
     cls = algo_class(meta.get("algo", ""))
     policy = meta.get("policy")
     if policy not in ("MultiInputPolicy", "MlpPolicy", "MaskableMultiInputActorCriticPolicy",
@@ -275,9 +305,27 @@ def build_model(meta: dict[str, Any], tensors: dict[str, Any], env: Any = None, 
         env = DummyVecEnv([lambda: SpacesOnly(obs_space, act_space)])
     elif env.observation_space != obs_space or env.action_space != act_space:
         raise AgentFileError("model: the saved spaces differ from the env's (another action mode, K or scenario?)")
-    hp = {**{k: v for k, v in (meta.get("hyperparams") or {}).items() if k in HYPERPARAMS}, **(hyperparams or {})}
-    model = cls(policy, env, device="cpu", verbose=0, policy_kwargs=_from_json(meta.get("policy_kwargs") or {}),
-                tensorboard_log=tensorboard_log, **hp)
+    saved = meta.get("hyperparams") or {}
+    if not isinstance(saved, dict):
+        raise AgentFileError(f"hyperparams: expected a mapping, got {type(saved).__name__}")
+    policy_kwargs = meta.get("policy_kwargs") or {}
+    try:  # the schema of hyperparameter files; sizes bounded before anything is allocated
+        saved = {k: SCHEMA[k].check(f"hyperparams.{k}", v) if k in SCHEMA else v for k, v in saved.items()
+                 if k in HYPERPARAMS}
+        check_network_sizes("policy_kwargs", policy_kwargs)
+    except ConfigError as err:
+        raise AgentFileError(f"model: {err}") from None
+    if inference:  # no rollout buffer is needed, so none of the saved size is allocated
+        saved.update(n_steps=64, batch_size=64)
+    policy_kwargs = _from_json(policy_kwargs)
+    _check_policy_kwargs(cls, policy, policy_kwargs)
+    hp = {**saved, **(hyperparams or {})}
+    try:
+        model = cls(policy, env, device="cpu", verbose=0, policy_kwargs=policy_kwargs, tensorboard_log=tensorboard_log,
+                    **hp)
+    except (TypeError, ValueError, AssertionError, RuntimeError) as err:
+        first = " ".join(str(err).split())[:160]
+        raise AgentFileError(f"model: the described policy cannot be built ({type(err).__name__}: {first})") from None
     weights = {k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")}
     try:
         model.policy.load_state_dict(weights, strict=True)

@@ -36,10 +36,10 @@ from llmsched_gym.config import (
     HYPERPARAMS,
     ConfigError,
     check_hyperparams,
-    check_output_dir,
-    check_run_name,
     load_yaml,
     parse_value,
+    run_folder,
+    safe_run_name,
 )
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
@@ -400,10 +400,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     env_kwargs = hp["env_kwargs"]
     chosen = recipe(cfg, hp)
     print(recipe_line(chosen), flush=True)
-    name = cfg.name or f"{cfg.scenario}-{env_kwargs.get('action_mode', 'select')}-s{cfg.seed}"
-    check_run_name(name, "name")
-    run_dir = Path(cfg.out) / name
-    check_output_dir(run_dir, "out")
+    # OUT/NAME with links followed must stay inside OUT (a default name is made safe, a given one checked)
+    name = cfg.name or safe_run_name(f"{cfg.scenario}-{env_kwargs.get('action_mode', 'select')}-s{cfg.seed}")
+    run_dir = run_folder(cfg.out, name, "--name")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     if cfg.vec not in ("dummy", "subproc"):
         raise ConfigError(f"vec: {cfg.vec!r} is not one of dummy, subproc")

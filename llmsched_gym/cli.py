@@ -161,7 +161,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from baselines import validate_spec
-    from llmsched_gym.config import check_output_file, parse_sets, split_policy_sets
+    from llmsched_gym.config import check_distinct, check_output_file, parse_sets, split_policy_sets
     from llmsched_gym.sim import simulate
 
     if args.log_batches and not args.log_iterations:
@@ -170,6 +170,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     sets, policy_params = split_policy_sets(parse_sets(args.set))
     check_output_file(args.json, "--json")
     check_output_file(args.log_iterations, "--log-iterations")
+    batches = Path(args.log_iterations).with_suffix(".batches.jsonl") if args.log_batches else None
+    check_output_file(batches, "--log-batches")
+    check_distinct({"--json": args.json, "--log-iterations": args.log_iterations, "--log-batches": batches})
     if args.latency:
         sets["latency"] = args.latency
     result = simulate(args.scenario, policy, args.seed, sets, policy_params,
@@ -354,7 +357,32 @@ def _maybe_add(sub, module: str) -> None:
             fn(sub)
 
 
+_PACKAGES = ("llmsched_gym", "agents", "baselines")
+
+
+def _where(tb: Any) -> str:
+    """``module.function (file:line)`` of the innermost frame of the project in a traceback."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(tb) if any(f"/{p}/" in f.filename.replace("\\", "/") for p in _PACKAGES)]
+    if not frames:
+        return "outside the project's code"
+    f = frames[-1]
+    path = f.filename.replace("\\", "/")
+    short = next((path[path.rindex(f"/{p}/") + 1:] for p in _PACKAGES if f"/{p}/" in path), path)
+    return f"{f.name} ({short}:{f.lineno})"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``llmsched ARGV``; returns the exit status.
+
+    0: done. 2: bad input (a file, flag or setting), printed as one line ``error: FIELD: ...``, or
+    out of memory (one line naming where the memory ran out). 130: interrupted. 70: an internal
+    error, a bug: one line saying so, where it happened and that it should be reported
+    (``LLMSCHED_DEBUG=1`` shows the traceback instead).
+    """
+    import os
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -367,9 +395,18 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2
-    except MemoryError:
-        print("error: out of memory (fewer requests: workload.n_requests or workload.horizon_s)", file=sys.stderr)
+    except MemoryError as e:
+        print(f"error: out of memory in {_where(e.__traceback__)}: a size in the input is too large for this "
+              "machine (workload.n_requests, K, network widths, n_steps); make it smaller", file=sys.stderr)
         return 2
+    except Exception as e:  # a bug: say so in one line, never a bare traceback
+        if os.environ.get("LLMSCHED_DEBUG"):
+            raise
+        msg = " ".join(str(e).split())[:200]
+        print(f"error: internal error ({type(e).__name__}: {msg}) in {_where(e.__traceback__)}; please report it "
+              "to the project's issue tracker with the command and this line (LLMSCHED_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 70
     return rc or 0
 
 

@@ -189,7 +189,7 @@ ENGINE: dict[str, Setting] = {
     "horizon_s": Setting("float", gt=0, nullable=True),
     "max_iterations": Setting("int", ge=1, nullable=True),
     "stall_iterations": Setting("int", ge=0),
-    "latency_noise_cv": Setting("float", ge=0),
+    "latency_noise_cv": Setting("float", ge=0, le=10),
     "fast_forward": Setting("bool"),
 }
 
@@ -237,6 +237,9 @@ def check_scenario(spec: Any) -> dict[str, Any]:
             out["workload"][key] = setting.check(f"workload.{key}", out["workload"][key])
     if "engine" in out:
         out["engine"] = check_engine(out["engine"])
+        from llmsched_gym.core.engine import EngineConfig
+
+        EngineConfig(**out["engine"]).validate()  # the checks across fields (a capacity of at least one block)
     policy = out.get("policy")
     if isinstance(policy, Mapping):
         name = policy.get("name")
@@ -249,10 +252,10 @@ def check_scenario(spec: Any) -> dict[str, Any]:
 HYPERPARAMS: dict[str, Setting] = {
     "n_timesteps": Setting("int", ge=1),
     "policy": Setting("str"),
-    "n_envs": Setting("int", ge=1),
-    "n_steps": Setting("int", ge=1),
-    "batch_size": Setting("int", ge=1),
-    "n_epochs": Setting("int", ge=1),
+    "n_envs": Setting("int", ge=1, le=256),
+    "n_steps": Setting("int", ge=1, le=2**20),
+    "batch_size": Setting("int", ge=1, le=2**20),
+    "n_epochs": Setting("int", ge=1, le=10_000),
     "gamma": Setting("float", ge=0, le=1),
     "gae_lambda": Setting("float", ge=0, le=1),
     "learning_rate": Setting("float", gt=0),
@@ -264,7 +267,7 @@ HYPERPARAMS: dict[str, Setting] = {
     "policy_kwargs": Setting("dict"),
     "env_kwargs": Setting("dict"),
     "bc": Setting("dict"),
-    "validation_requests": Setting("int", ge=1),
+    "validation_requests": Setting("int", ge=1, le=MAX_REQUESTS),
     "action_bias": Setting(("float", "list"), ge=-1, le=1),  # a list: one per action dimension
 }
 LINEAR_SCHEDULE_KEYS = ("learning_rate", "clip_range")
@@ -283,6 +286,30 @@ BEHAVIOUR_CLONING: dict[str, Setting] = {
 }
 
 
+MAX_WIDTH = 4096
+"""Widest layer a policy network may have (``net_arch``, the features extractor's sizes); the
+project's recipes use 16-256. Checked before the network is built: a width of 10^9 would try to
+allocate terabytes."""
+MAX_LAYERS = 16
+"""Most layers in one list of layer widths."""
+
+
+def check_network_sizes(path: str, value: Any) -> None:
+    """Every integer in ``policy_kwargs`` (layer widths and sizes, nested in lists and mappings) is
+    at most :data:`MAX_WIDTH`, and every list of them has at most :data:`MAX_LAYERS` entries."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            check_network_sizes(f"{path}.{_name(str(k))}", v)
+    elif isinstance(value, list | tuple):
+        if len(value) > MAX_LAYERS:
+            raise ConfigError(f"{path}: {len(value)} layers; at most {MAX_LAYERS}")
+        for i, v in enumerate(value):
+            check_network_sizes(f"{path}[{i}]", v)
+    elif isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_) and value > MAX_WIDTH:
+        raise ConfigError(f"{path}: a layer of {int(value):,} units (about {4 * int(value) ** 2 / 2**30:.3g} GiB of "
+                          f"weights from one such layer to the next); at most {MAX_WIDTH:,}")
+
+
 def check_hyperparams(entry: Any, path: str = "hyperparams") -> dict[str, Any]:
     """A checked copy of a hyperparameter entry (every key optional)."""
     scheduled = {}
@@ -296,6 +323,8 @@ def check_hyperparams(entry: Any, path: str = "hyperparams") -> dict[str, Any]:
             raise ConfigError(f"{path}.{key}: expected {HYPERPARAMS[key].allowed()} or lin_START (a linear decay "
                               f"from START > 0), got {value!r}")
     out = {**check_section(path, entry, HYPERPARAMS), **scheduled}
+    if "policy_kwargs" in out:
+        check_network_sizes(f"{path}.policy_kwargs", out["policy_kwargs"])
     if "normalize" in out:
         out["normalize"] = check_section(f"{path}.normalize", out["normalize"], NORMALIZE)
     if "bc" in out:
@@ -311,32 +340,99 @@ def check_hyperparams(entry: Any, path: str = "hyperparams") -> dict[str, Any]:
 # --set overrides
 
 
+MAX_YAML_NODES = 1_000_000
+"""Most values a YAML document may expand to once its aliases (``*name``) are followed: a few
+aliases nested ten deep (a "billion laughs") would otherwise make a small file expand beyond memory
+wherever the configuration is walked."""
+MAX_YAML_BYTES = 16 * 2**20
+"""Largest YAML file read (scenarios, hyperparameters): a genuine one is a few kB."""
+
+
 def _yaml_loader() -> type:
-    """PyYAML's safe loader (the C one when built) that also reads ``1e-4`` as a float: YAML 1.1
-    wants ``1.0e-4``, so ``learning_rate: 1e-4`` would otherwise arrive as the string ``'1e-4'``."""
+    """PyYAML's safe loader (the C one when built), stricter and closer to YAML 1.2:
+
+    * ``1e-4`` reads as a float (YAML 1.1 wants ``1.0e-4``, so ``learning_rate: 1e-4`` would
+      otherwise arrive as the string ``'1e-4'``);
+    * only ``true``/``false`` (any case) are booleans: ``yes``, ``no``, ``on``, ``off`` stay strings, so
+      ``prefill_emits_token: yes`` is an error naming the field instead of a silent ``true``;
+    * a key given twice in one mapping is an error (:class:`ConfigError` naming the key and its
+      line), not the first value silently dropped.
+    """
     import re
 
     import yaml
 
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     loader = type("Loader", (base,), {})
+    loader.yaml_implicit_resolvers = {  # type: ignore[attr-defined]
+        k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+        for k, v in base.yaml_implicit_resolvers.items()}
+    loader.add_implicit_resolver(  # type: ignore[attr-defined]
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
     loader.add_implicit_resolver(  # type: ignore[attr-defined]
         "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
         list("-+0123456789."))
+
+    def construct_mapping(self: Any, node: Any, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # << : *base (merged by the base method)
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: a mapping key must be a scalar, "
+                                  f"got {_show(key)}") from None
+            if key in seen:
+                raise ConfigError(f"{_name(str(key))}: given twice in one mapping (lines {seen[key]} and "
+                                  f"{key_node.start_mark.line + 1}); keep one")
+            seen[key] = key_node.start_mark.line + 1
+        return base.construct_mapping(self, node, deep)
+
+    loader.construct_mapping = construct_mapping  # type: ignore[attr-defined]
     return loader
+
+
+def _expanded_size(value: Any, limit: int) -> int:
+    """How many values ``value`` holds once every shared (aliased) part is counted each time it
+    appears; stops counting past ``limit``. Linear in the distinct objects (sizes are memoised)."""
+    memo: dict[int, int] = {}
+
+    def size(v: Any) -> int:
+        if not isinstance(v, dict | list):
+            return 1
+        key = id(v)
+        if key not in memo:
+            memo[key] = limit + 1  # a cycle counts as too large
+            items = v.values() if isinstance(v, dict) else v
+            total = 1
+            for x in items:
+                total += size(x)
+                if total > limit:
+                    break
+            memo[key] = min(total, limit + 1)
+        return memo[key]
+
+    return size(value)
 
 
 _LOADER: type | None = None
 
 
 def yaml_load(text: str) -> Any:
-    """``yaml.safe_load`` that reads ``1e-4`` as a float (see :func:`_yaml_loader`)."""
+    """``yaml.safe_load`` with the stricter rules of :func:`_yaml_loader`, refusing a document that
+    expands to more than :data:`MAX_YAML_NODES` values through its aliases."""
     import yaml
 
     global _LOADER
     if _LOADER is None:
         _LOADER = _yaml_loader()
-    return yaml.load(text, Loader=_LOADER)  # noqa: S506 (a SafeLoader subclass)
+    data = yaml.load(text, Loader=_LOADER)  # noqa: S506 (a SafeLoader subclass)
+    if "*" in text and _expanded_size(data, MAX_YAML_NODES) > MAX_YAML_NODES:
+        raise ConfigError(f"YAML: its aliases (*name) expand to more than {MAX_YAML_NODES:,} values; write the "
+                          "values out or use fewer nested aliases")
+    return data
 
 
 def parse_value(text: str) -> Any:
@@ -437,29 +533,57 @@ def merge_engine_overrides(engine: Mapping[str, Any], policy_overrides: Mapping[
 # files the user names
 
 
+def read_text_bounded(path: str | os.PathLike[str], what: str, limit: int, encoding: str = "utf-8-sig") -> str:
+    """The text of a regular file of at most ``limit`` bytes; anything else (a missing file, a folder,
+    a device such as ``/dev/zero``, a larger file, undecodable bytes) is one ConfigError line naming
+    ``what`` and the file. Symbolic links are followed (to a regular file)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: {p}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{what}: {p}: {e.strerror}") from None
+    import stat
+
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{what}: {p}: is a directory, expected a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what}: {p}: not a regular file (a device or pipe is never read)")
+    if st.st_size > limit:
+        raise ConfigError(f"{what}: {p}: {st.st_size:,} bytes, more than the {limit:,} this file may have")
+    try:
+        with p.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ConfigError(f"{what}: {p}: {e.strerror}") from None
+    if len(data) > limit:
+        raise ConfigError(f"{what}: {p}: more than the {limit:,} bytes this file may have")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what}: {p}: not UTF-8 text (byte {e.start})") from None
+
+
 def load_yaml(path: str | os.PathLike[str], what: str) -> Any:
-    """The parsed YAML of ``path``; a missing file, undecodable bytes or a syntax error is one
-    ConfigError line naming ``what``, the file and (for a syntax error) the line."""
+    """The parsed YAML of ``path`` (:func:`yaml_load`'s rules, at most :data:`MAX_YAML_BYTES`); a
+    missing file, undecodable bytes, a duplicated key or a syntax error is one ConfigError line
+    naming ``what``, the file and (for a syntax error) the line."""
     import yaml
 
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(f"{what}: {p}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what}: {p}: is a directory, expected a YAML file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{what}: {p}: not UTF-8 text (byte {e.start})") from None
-    except OSError as e:
-        raise ConfigError(f"{what}: {p}: {e.strerror}") from None
+    text = read_text_bounded(p, what, MAX_YAML_BYTES)
     try:
         return yaml_load(text)
+    except ConfigError as e:
+        raise ConfigError(f"{what}: {p}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or type(e).__name__
         raise ConfigError(f"{what}: {p}:{where}: YAML syntax error ({problem})") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: {p}: nested too deeply") from None
 
 
 def _first_existing(p: Path) -> Path:
@@ -468,51 +592,150 @@ def _first_existing(p: Path) -> Path:
     return p
 
 
+def _probe_writable(d: Path) -> bool:
+    """Whether a file can be created in folder ``d`` (tried, then removed: ``os.access`` says yes to
+    root even on a read-only file system or ``/proc``)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=d, prefix=".llmsched-probe-"):
+            return True
+    except OSError:
+        return False
+
+
 def _check_parent(p: Path, flag: str) -> None:
     anc = _first_existing(p.parent if str(p.parent) else Path("."))
     if not anc.is_dir():
         raise ConfigError(f"{flag}: {p}: {anc} is a file, not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
+    if not os.access(anc, os.W_OK | os.X_OK) or not _probe_writable(anc):
         raise ConfigError(f"{flag}: {p}: {anc} is not writable")
 
 
 def check_output_file(path: str | os.PathLike[str] | None, flag: str) -> None:
     """Raise ConfigError unless ``path`` can be written as a file (before a run, not after it):
-    it must not be a directory, and its nearest existing ancestor must be a writable directory."""
+    it must not be a directory or a dangling symbolic link, and the folder it goes into (its nearest
+    existing ancestor) must be writable: a file is created there and removed to make sure."""
     if path is None:
         return
     p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise ConfigError(f"{flag}: {p} is a symbolic link to {os.readlink(p)}, which does not exist")
     if p.is_dir():
         raise ConfigError(f"{flag}: {p} is a directory, expected a file path")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"{flag}: {p} is not a regular file (a device or pipe is never written)")
     if p.exists() and not os.access(p, os.W_OK):
         raise ConfigError(f"{flag}: {p} exists and is not writable")
-    _check_parent(p, flag)
+    _check_parent(p.resolve(), flag)
+
+
+MAX_SCANNED = 100_000
+"""Most entries of an existing output folder :func:`check_output_dir` inspects for symbolic links."""
+
+
+def _escaping_link(root: Path) -> tuple[Path, Path] | None:
+    """The first symbolic link under ``root`` (an existing folder) that resolves outside it, with its
+    target; ``None`` when every link stays inside."""
+    top = root.resolve()
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            seen += 1
+            if seen > MAX_SCANNED:
+                return None
+            q = Path(dirpath) / name
+            if q.is_symlink():
+                target = q.resolve()
+                if not target.is_relative_to(top):
+                    return q, target
+    return None
 
 
 def check_output_dir(path: str | os.PathLike[str] | None, flag: str) -> None:
-    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory."""
+    """Raise ConfigError unless ``path`` is, or can be created as, a writable directory (a file is
+    created and removed to make sure) in which nothing already there leads outside: a symbolic link
+    inside it that resolves elsewhere would make the run write there."""
     if path is None:
         return
     p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise ConfigError(f"{flag}: {p} is a symbolic link to {os.readlink(p)}, which does not exist")
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag}: {p} is a file, expected a directory")
-    if p.exists() and not os.access(p, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag}: {p} is not writable")
-    _check_parent(p, flag)
+    if p.exists():
+        if not os.access(p, os.W_OK | os.X_OK) or not _probe_writable(p):
+            raise ConfigError(f"{flag}: {p} is not writable")
+        link = _escaping_link(p)
+        if link is not None:
+            raise ConfigError(f"{flag}: {link[0]} is a symbolic link to {link[1]}, outside {p}; outputs are written "
+                              "only inside the output folder")
+        return
+    _check_parent(p.absolute(), flag)
+
+
+SAFE_NAME = r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}"
+"""A run name (``--name``): letters, digits and ``. _ + = @ , -``, starting with a letter or digit, at
+most 128 characters; one folder name, never a path, a hidden name or a control character."""
 
 
 def check_run_name(name: str | None, flag: str = "--name") -> None:
-    """A run name is one path component, so ``OUT/NAME`` stays inside ``OUT``."""
+    """A run name matches :data:`SAFE_NAME`, so ``OUT/NAME`` is one plain folder inside ``OUT``."""
+    import re
+
     if name is None:
         return
-    if (not name or name in (".", "..") or "/" in name or "\\" in name or os.sep in name
-            or Path(name).is_absolute() or "\0" in name):
-        raise ConfigError(f"{flag}: {name!r} must be a plain folder name (no '/', '..' or absolute path)")
+    if not isinstance(name, str) or not re.fullmatch(SAFE_NAME, name):
+        raise ConfigError(f"{flag}: {_show(name)} must be a plain folder name: letters, digits and . _ + = @ , - "
+                          "(starting with a letter or digit, at most 128 characters; no '/', '..' or absolute path)")
+
+
+def safe_run_name(text: str) -> str:
+    """``text`` (a default run name built from a scenario, which may be a file path or
+    ``trace:FORMAT:PATH``) made a :data:`SAFE_NAME`: every other character becomes ``_``.
+
+    >>> safe_run_name("trace:csv:../t.csv-select-s0")
+    'trace_csv_.._t.csv-select-s0'
+    """
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._+=@,-]", "_", text).lstrip("._-+=@,")[:128]
+    return name or "run"
+
+
+def run_folder(out: str | os.PathLike[str], name: str, flag: str = "--name") -> Path:
+    """``OUT/NAME``, checked before anything is written: the name is safe (:func:`check_run_name`),
+    the folder, with symbolic links followed, lies inside ``OUT`` (a link at ``OUT/NAME`` pointing
+    elsewhere is refused), and it is writable (:func:`check_output_dir`)."""
+    check_run_name(name, flag)
+    check_output_dir(out, "--out")
+    root = Path(out)
+    run_dir = root / name
+    resolved, top = run_dir.resolve(), root.resolve()
+    if not resolved.is_relative_to(top) or resolved == top:
+        raise ConfigError(f"{flag}: {run_dir} resolves to {resolved}, outside --out {top} (a symbolic link?); "
+                          "outputs are written only inside the output folder")
+    check_output_dir(run_dir, flag)
+    return run_dir
+
+
+def check_distinct(outputs: Mapping[str, str | os.PathLike[str] | None]) -> None:
+    """Refuse two output flags naming one file (symbolic links followed): the second would overwrite
+    the first. ``outputs`` maps each flag to its path (``None``: not given)."""
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise ConfigError(f"{flag}: {path} is the file {seen[key]} writes too; give each output its own path")
+        seen[key] = flag
 
 
 __all__ = [
-    "ENGINE", "HYPERPARAMS", "MAX_REQUESTS", "OVERFLOW_HANDLERS", "PREEMPT_MODES", "SCENARIO", "WORKLOAD", "ConfigError", "Setting",
-    "apply_overrides", "check_engine", "check_hyperparams", "check_output_dir", "check_output_file",
+    "ENGINE", "HYPERPARAMS", "MAX_LAYERS", "MAX_REQUESTS", "MAX_WIDTH", "OVERFLOW_HANDLERS", "PREEMPT_MODES", "SCENARIO", "WORKLOAD", "ConfigError", "Setting",
+    "MAX_YAML_BYTES", "MAX_YAML_NODES", "SAFE_NAME", "apply_overrides", "check_distinct", "check_engine", "check_network_sizes", "check_hyperparams", "check_output_dir", "check_output_file",
     "check_run_name", "check_scenario", "check_section", "coerce_like", "explicit_engine_keys", "load_yaml",
-    "merge_engine_overrides", "parse_sets", "parse_value", "split_policy_sets", "yaml_load",
+    "merge_engine_overrides", "parse_sets", "parse_value", "read_text_bounded", "run_folder", "safe_run_name",
+    "split_policy_sets", "yaml_load",
 ]

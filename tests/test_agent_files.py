@@ -161,3 +161,43 @@ def test_malformed_agent_files_are_one_line_errors(tmp_path):
         load_agent(tmp_path / "a")
     with pytest.raises(AgentFileError, match="no model.json or best_model.json"):
         load_agent(tmp_path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["policy_kwargs"].update(net_arch=[1_000_000_000]),
+     "model: policy_kwargs.net_arch[0]: a layer of 1,000,000,000 units"),
+    (lambda d: d["policy_kwargs"].update(net_arch=[8] * 17), "model: policy_kwargs.net_arch: 17 layers; at most 16"),
+    (lambda d: d["policy_kwargs"]["features_extractor_kwargs"].update(slot_out=10**6),
+     "model: policy_kwargs.features_extractor_kwargs.slot_out: a layer of 1,000,000 units"),
+    (lambda d: d["policy_kwargs"].update(bogus=1), "policy_kwargs.bogus: unknown for MaskableMultiInputActorCriticPolicy"),
+    (lambda d: d["policy_kwargs"]["features_extractor_kwargs"].update(bogus=1),
+     "policy_kwargs.features_extractor_kwargs.bogus: unknown for QueueSetExtractor; allowed: slot_hidden"),
+    (lambda d: d["hyperparams"].update(n_steps=1e9), "model: hyperparams.n_steps: expected an integer in [1, 1,048,576]"),
+    (lambda d: d["hyperparams"].update(n_steps=2.5), "model: hyperparams.n_steps: expected an integer"),
+    (lambda d: d["hyperparams"].update(gamma="x"), "model: hyperparams.gamma: expected a number in [0, 1], got 'x'"),
+])
+def test_agent_file_sizes_and_keys_are_checked_before_anything_is_allocated(tmp_path, change, message):
+    import tracemalloc
+
+    _genuine(tmp_path / "a")
+    desc = json.loads((tmp_path / "a" / "model.json").read_text())
+    change(desc)
+    (tmp_path / "a" / "model.json").write_text(json.dumps(desc))
+    tracemalloc.start()
+    try:
+        with pytest.raises(AgentFileError) as e:
+            load_agent(tmp_path / "a")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert peak < 50 * 2**20  # refused from the description, not after trying to allocate
+
+
+def test_a_saved_rollout_size_is_not_allocated_for_inference(tmp_path):
+    _genuine(tmp_path / "a")
+    desc = json.loads((tmp_path / "a" / "model.json").read_text())
+    desc["hyperparams"]["n_steps"] = 2**20  # within the bound, but a buffer evaluate never needs
+    (tmp_path / "a" / "model.json").write_text(json.dumps(desc))
+    agent = load_agent(tmp_path / "a")
+    assert agent.model.n_steps == 64 and agent.model.rollout_buffer.buffer_size == 64

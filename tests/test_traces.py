@@ -176,7 +176,7 @@ GEN_HEAD = "arrival_s,prompt_tokens,output_tokens\n"
     ("az.csv", AZ_HEAD + AZ_ROW * 2 + "2023-11-16 18:15:47.1,12,x\n",
      "az.csv:4: GeneratedTokens: expected an integer >= 1, got 'x'"),
     ("az.csv", AZ_HEAD + AZ_ROW + "2023-11-16 25:00:00.0,12,3\n",
-     "az.csv:3: TIMESTAMP: expected a timestamp like '2023-11-16 18:15:46.6805900', got '2023-11-16 25:00:00.0'"),
+     "az.csv:3: TIMESTAMP: expected a timestamp like '2023-11-16 18:15:46.6805900' (an optional offset: Z, +02:00), got '2023-11-16 25:00:00.0'"),
     ("az.csv", AZ_HEAD + AZ_ROW + "2023-11-16 18:15:47.1,12\n",
      "az.csv:3: row: expected 3 fields (TIMESTAMP,ContextTokens,GeneratedTokens), got 2"),
     ("az.csv", "time,in,out\n" + AZ_ROW,

@@ -201,17 +201,172 @@ def agent_cases(d: Path) -> list[tuple[str, str, list[str]]]:
             ("agent-trust", "crafted folder with `--trust-model`", evaluate(b, "ev7", "--trust-model"))]
 
 
+ISSUE30_SECTIONS = {"trust": "Code from a shared agent folder (a marker file is created if a crafted pickle is unpickled)",
+                    "paths": "Writes outside --out", "tb": "Tracebacks",
+                    "res": "Resources not bounded before allocation", "silent": "Nonsense accepted silently"}
+
+
+def _yml(d: Path, name: str, text: str) -> str:
+    (d / name).write_text(text)
+    return str(d / name)
+
+
+def _wl(body: str) -> str:
+    return f"workload:\n{body}engine: {{kv_capacity_tokens: 16492}}\nlatency: unit\npolicy: fcfs\n"
+
+
+def _edited_agent(d: Path, name: str, edit) -> str:
+    """A copy of the tiny trained agent with ``edit`` applied to its model.json."""
+    src, dst = d / "agents" / "genuine", d / name
+    shutil.copytree(src, dst)
+    for stem in ("model", "best_model"):
+        p = dst / f"{stem}.json"
+        if p.exists():
+            meta = json.loads(p.read_text())
+            edit(meta)
+            p.write_text(json.dumps(meta))
+    return str(dst)
+
+
+def cases30(d: Path) -> list[tuple[str, str, list[str]]]:
+    """(section, input, argv) for every input of issue 30's Why list (agent_cases(d) must have run)."""
+    py = [sys.executable, "-m", "llmsched_gym.cli"]
+    ev = ["--scenario", "jaillet-low", "--policies", "none", "--seeds", "100", "--set", "workload.n_requests=10",
+          "--no-plots", "--quiet"]
+    r = [*py, "run", "--policy", "fcfs"]
+    rl = d / "R"
+    (rl / "rl_module").mkdir(parents=True)
+    (rl / "rl_module" / "class_and_ctor_args.pkl").write_bytes(pickle.dumps(_Marker(d / "MARKER")))
+    (rl / "rl_module" / "module_state.pkl").write_bytes(pickle.dumps(_Marker(d / "MARKER")))
+    (rl / "rl_module" / "metadata.json").write_text(json.dumps(
+        {"class_and_ctor_args_file": "class_and_ctor_args.pkl", "state_file": "module_state",
+         "ray_version": "2.60.0", "checkpoint_version": "2.1"}))
+    (rl / "run.json").write_text(json.dumps({"algo": "rllib-ppo", "scenario": "jaillet-low"}))
+    out = [("trust", "RLlib run folder whose `rl_module/class_and_ctor_args.pkl` is crafted, `evaluate --model DIR`",
+            [*py, "evaluate", "--model", str(rl), *ev, "--out", str(d / "e30a")]),
+           ("trust", "the same, `--model DIR/rl_module`",
+            [*py, "evaluate", "--model", str(rl / "rl_module"), *ev, "--out", str(d / "e30b")])]
+    # paths
+    (d / "tr30").mkdir()
+    (d / "tr30b").mkdir()
+    (d / "elsewhere").mkdir()
+    (d / "tr30" / "link").symlink_to(d / "elsewhere")
+    (d / "tr30b" / "jaillet-low-select-s0").symlink_to(d / "elsewhere")
+    (d / "dangling").symlink_to(d / "no" / "such" / "target.json")
+    (d / "ro").mkdir()
+    tr = [*py, *TRAIN[:1], *TRAIN[1:]]
+    out += [("paths", "`train --out OUT --name NAME` with OUT/NAME a symlink to another folder",
+             [*tr, "--out", str(d / "tr30"), "--name", "link"]),
+            ("paths", "the same with the default run name (OUT/jaillet-low-select-s0 a symlink)",
+             [*tr, "--out", str(d / "tr30b")]),
+            ("paths", "`train --name` with a newline", [*tr, "--out", str(d / "tr30"), "--name", "a\nb"]),
+            ("paths", "`run --json` and `--log-iterations` the same file",
+             [*r, "--scenario", "jaillet-low", *SMALL, "--json", str(d / "same"), "--log-iterations", str(d / "same")]),
+            ("paths", "`run --json` a dangling symlink", [*r, "--scenario", "jaillet-low", *SMALL, "--json", str(d / "dangling")]),
+            ("paths", "`compare --out` an unwritable folder (/proc/llmsched, even for root)",
+             [*py, "compare", *ev, "--policies", "fcfs", "--out", "/proc/llmsched"]),
+            ("paths", "`evaluate --out` a folder holding a symlink to outside (report.md -> ../elsewhere/x)",
+             [*py, "evaluate", "--model", str(d / "agents" / "genuine"), *ev, "--out", str(d / "evlink")])]
+    (d / "evlink").mkdir()
+    (d / "evlink" / "report.md").symlink_to(d / "elsewhere" / "x")
+    # tracebacks
+    tb = [("`arrival: {type: gamma, rate: 1, cv: 1e200}`",
+           _wl("  arrival: {type: gamma, rate: 1, cv: 1e200}\n  n_requests: 50\n  prompt: 10\n  output: 10\n")),
+          ("`arrival: {type: round_counts, dist: binomial, B: 2000, p: 0.5}`",
+           _wl("  arrival: {type: round_counts, dist: binomial, B: 2000, p: 0.5}\n  n_requests: 200\n  prompt: 10\n  output: 10\n")),
+          ("explicit workload with `priority: [[1], [2]]`",
+           _wl("  explicit: {arrival_s: [0, 1], prompt_tokens: [5, 5], output_tokens: [3, 3], priority: [[1], [2]]}\n")),
+          ("explicit workload with `client: [[1], [2]]`",
+           _wl("  explicit: {arrival_s: [0, 1], prompt_tokens: [5, 5], output_tokens: [3, 3], client: [[1], [2]]}\n")),
+          ("explicit `prompt_tokens: [5, 99999999999999999999]`",
+           _wl("  explicit: {arrival_s: [0, 1], prompt_tokens: [5, 99999999999999999999], output_tokens: [3, 3]}\n"))]
+    for i, (label, text) in enumerate(tb):  # B: 2000 is a valid distribution: it must run
+        out.append(("tb-run" if i == 1 else "tb", label, [*r, "--scenario", _yml(d, f"tb{i}.yml", text)]))
+
+    def pk(key, value):
+        return lambda m: m["policy_kwargs"].update({key: value})
+
+    for name, label, edit in (
+            ("ag_unknown", "agent `model.json` with `policy_kwargs: {bogus: 1}`", pk("bogus", 1)),
+            ("ag_fe", "agent `model.json` whose features-extractor kwargs have an extra field",
+             lambda m: m["policy_kwargs"]["features_extractor_kwargs"].update(bogus=1)),
+            ("ag_arch", "agent `model.json` with `net_arch: [1000000000]`", pk("net_arch", [1000000000])),
+            ("ag_steps", "agent `model.json` with `n_steps: 1e9`", lambda m: m["hyperparams"].update(n_steps=1e9))):
+        out.append(("tb" if name != "ag_steps" else "res", label,
+                    [*py, "evaluate", "--model", _edited_agent(d, name, edit), *ev, "--out", str(d / f"ev_{name}")]))
+    out += [("res", "`gym.make(..., K=10**7)`",
+             _api("import gymnasium as gym\nenv = gym.make('llmsched_gym:LLMSched-v0', scenario='jaillet-low', K=10**7, "
+                  "overrides={'workload.n_requests': 50})\nenv.reset(seed=0)\nprint('reset done')")),
+            ("res", "`compare --seeds 0-1000000000`",
+             [*py, "compare", *ev[:4], "--seeds", "0-1000000000", *ev[6:], "--policies", "fcfs", "--out", str(d / "cs")]),
+            ("res", "a scenario file that is a symlink to /dev/zero", [*r, "--scenario", str(d / "zero.yml")]),
+            ("res", "`arrival: {type: round_counts, dist: binomial, B: 10000000, p: 0.5}`, 200 requests",
+             [*r, "--scenario", _yml(d, "b1e7.yml", _wl("  arrival: {type: round_counts, dist: binomial, B: 10000000, "
+                                                         "p: 0.5}\n  n_requests: 200\n  prompt: 10\n  output: 10\n"))])]
+    (d / "zero.yml").symlink_to("/dev/zero")
+    huge = 2**62
+    out += [("silent", "prompt and output lengths of 2^62 (explicit)",
+             [*r, "--scenario", _yml(d, "l62.yml", _wl(f"  explicit: {{arrival_s: [0, 1], prompt_tokens: [{huge}, 5], "
+                                                        f"output_tokens: [3, {huge}]}}\n"))]),
+            ("silent", "`prompt: 2^62` (generated)",
+             [*r, "--scenario", _yml(d, "g62.yml", _wl(f"  arrival: {{type: poisson, rate: 1}}\n  n_requests: 50\n"
+                                                        f"  prompt: {huge}\n  output: 10\n"))]),
+            ("silent", "`--set engine.latency_noise_cv=1e300`",
+             [*r, "--scenario", "jaillet-low", *SMALL, "--set", "engine.latency_noise_cv=1e300"]),
+            ("silent", "a Poisson rate of 1e-300",
+             [*r, "--scenario", "jaillet-low", "--set", "workload.n_requests=200", "--set", "workload.arrival.rate=1e-300"]),
+            ("silent", "a scenario file with `engine:` twice",
+             [*r, "--scenario", _yml(d, "twice.yml", _wl("  n_requests: 20\n  arrival: {type: poisson, rate: 1}\n"
+                                                          "  prompt: 10\n  output: 10\n") + "engine: {block_size: 16}\n")]),
+            ("silent", "explicit `prompt_tokens: [5.9, 2.5]`",
+             [*r, "--scenario", _yml(d, "frac.yml", _wl("  explicit: {arrival_s: [0, 1], prompt_tokens: [5.9, 2.5], "
+                                                         "output_tokens: [3, 3]}\n"))]),
+            ("silent-run", "trace timestamps with a time-zone offset (`2023-11-16 18:15:46.68+02:00`)",
+             [*r, "--scenario", f"trace:azure:{d / 'tz.csv'}"]),
+            ("silent", "`--set engine.prefill_emits_token=yes`",
+             [*r, "--scenario", "jaillet-low", *SMALL, "--set", "engine.prefill_emits_token=yes"]),
+            ("silent", "YAML alias expansion (a billion laughs, 9 levels of 10)",
+             [*r, "--scenario", str(d / "laughs.yml")])]
+    (d / "tz.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68+02:00,5,5\n"
+                              "2023-11-16 18:15:47.68+02:00,5,5\n")
+    lol = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, 10):
+        lol.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    (d / "laughs.yml").write_text("\n".join(lol) + "\nworkload: *a9\n")
+    return out
+
+
 SECTIONS = {"agent": "Agent files (a marker file is created if a crafted pickle is ever unpickled)",
             "traceback": "Tracebacks instead of one line", "silent": "Silently accepted",
-            "planerror": "Valid configurations that aborted with PlanError", "oom": "Memory"}
+            "planerror": "Valid configurations that aborted with PlanError", "oom": "Memory", **ISSUE30_SECTIONS}
+
+
+LIMIT_GB = 8
+LIMIT_S = 300
+
+
+def _limit() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT_GB * 2**30, LIMIT_GB * 2**30))
 
 
 def outcome(argv: list[str], cwd: Path) -> tuple[int, str, int, float, str]:
-    """Exit code, the line to report, stderr line count, wall seconds and peak RSS of one command."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "200"}
+    """Exit code, the line to report, stderr line count, wall seconds and peak RSS of one command
+    (run under an address-space limit of LIMIT_GB and a timeout of LIMIT_S: rc 124 when it ran out)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "COLUMNS": "200",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.perf_counter()
     tm = ["/usr/bin/time", "-f", "@@time %e %M"] if Path("/usr/bin/time").exists() else []
-    p = subprocess.run([*tm, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.Popen([*tm, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_limit, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # its own session: the command and its children
+        proc.communicate()
+        return 124, f"(killed after {LIMIT_S} s)", 1, float(LIMIT_S), "?"
+    p = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     wall = time.perf_counter() - t0
     err = [x for x in p.stderr.splitlines() if x.strip()]
     rss = ""
@@ -232,50 +387,74 @@ def outcome(argv: list[str], cwd: Path) -> tuple[int, str, int, float, str]:
     return p.returncode, line, len(err), wall, rss
 
 
+HEADER15 = ["## Issue 15", "",
+            "The agent rows evaluate a tiny trained agent (`llmsched train --timesteps 256`) next to a",
+            "crafted `vecnormalize.pkl` and SB3 `model.zip` whose pickles run `touch MARKER` when loaded."]
+HEADER30 = ["## Issue 30", "",
+            "The trust rows evaluate an RLlib run folder whose `rl_module/` pickles run `touch MARKER` when",
+            "loaded; the agent-file rows edit the `model.json` of the tiny trained agent. Each command runs",
+            f"under a {LIMIT_GB} GB address-space limit and a {LIMIT_S} s timeout (what the whole-surface fuzzer",
+            "allows), so a row that would allocate without bound fails here instead of taking the machine."]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "reliability_inputs.md"))
+    ap.add_argument("--issue", choices=("15", "30", "all"), default="all", help="which issue's Why list to run")
     args = ap.parse_args()
-    lines = ["# Issue 15: every input listed under \"Why\", and what it gives now", "",
+    lines = ["# Every input listed under \"Why\" in issues 15 and 30, and what it gives now", "",
              "Generated by `python tools/reliability_inputs.py` (each command run in a scratch folder; the",
-             "trace and hyperparameter files are written there). `--set workload.n_requests=50` keeps the",
-             "override rows short. Python API rows (`gym.make`, `env.step`) print `ConfigError: MESSAGE`",
+             "trace, scenario and hyperparameter files are written there). `--set workload.n_requests=50` keeps",
+             "the override rows short. Python API rows (`gym.make`, `env.step`) print `ConfigError: MESSAGE`",
              "and exit 2 when the project's error type is raised; any other exception would be a traceback",
              "(exit 1). Bad input passes with exit code 2 and one stderr line; a valid configuration with a",
-             "completed run (exit 0) or exit code 2 and one line. The last column is wall time and peak RSS.",
-             "The agent rows evaluate a tiny trained agent (`llmsched train --timesteps 256`) next to a",
-             "crafted `vecnormalize.pkl` and SB3 `model.zip` whose pickles run `touch MARKER` when loaded.", ""]
+             "completed run (exit 0) or exit code 2 and one line. The last column is wall time and peak RSS.", ""]
     with tempfile.TemporaryDirectory(prefix="llmsched-inputs-") as tmp:
         d = Path(tmp)
         section = None
         bad = 0
         marker = d / "MARKER"
-        for kind, label, argv in [*agent_cases(d), *cases(d)]:
+        rows = agent_cases(d)
+        if args.issue in ("15", "all"):
+            lines += HEADER15
+            rows15 = [*rows, *cases(d)]
+        else:
+            rows15 = []
+        rows30 = cases30(d) if args.issue in ("30", "all") else []
+        for kind, label, argv in [*rows15, ("header30", "", []), *rows30]:
+            if kind == "header30":
+                if rows30:
+                    lines += ["", *HEADER30]
+                continue
             sec, _, expect = kind.partition("-")  # "-run": the correct outcome is a completed run
             if sec != section:
                 section = sec
-                last = "marker created" if sec == "agent" else "s, peak RSS"
-                lines += ["", f"## {SECTIONS[sec]}", "", f"| input | exit code | output line | {last} |",
+                last = "marker created" if sec == "agent" else "marker; s, peak RSS" if sec == "trust" else "s, peak RSS"
+                lines += ["", f"### {SECTIONS[sec]}", "", f"| input | exit code | output line | {last} |",
                           "|---|---|---|---|"]
             rc, line, n_err, wall, rss = outcome(argv, d)
             # bad input: exit 2 and one line; a valid configuration: a run, or exit 2 and one line
-            if sec == "agent":  # no marker, except with --trust-model (after a one-line warning)
+            if sec in ("agent", "trust"):  # no marker, except with --trust-model (after a one-line warning)
                 pwned = marker.exists()
                 marker.unlink(missing_ok=True)
                 ok = pwned if expect == "trust" else not pwned and (rc == 0 or (rc == 2 and n_err == 1))
                 last = "yes" if pwned else "no"
+                if sec == "trust":
+                    last += f"; {wall:.1f} s, {rss}"
                 results = Path(argv[argv.index("--out") + 1]) / "results.json"
                 if rc == 0 and results.exists():
                     runs = json.loads(results.read_text())["runs"]
                     line = "evaluated: " + ", ".join(sorted({r["policy"] for r in runs}))
             else:
-                if expect == "run":
-                    ok = rc == 0
+                if expect == "run":  # a completed run, without warnings
+                    ok = rc == 0 and n_err == 0
                 else:
                     ok = (rc == 2 and n_err == 1) or (rc == 0 and sec in ("planerror", "oom"))
                 last = f"{wall:.1f} s, {rss}"
+            if sec == "paths":  # nothing written outside the scratch folder's own files
+                ok = ok and not any((d / "elsewhere").iterdir()) and not (d / "no").exists()
             bad += not ok
-            line = line.replace(tmp, "TMP").replace("|", "\\|")
+            line = line.replace(tmp, "TMP").replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {label} | {rc}{'' if ok else ' ✗'} | {line} | {last} |")
             print(f"{rc:>3} {'ok ' if ok else 'BAD'} {label}: {line}", flush=True)
     lines += ["", f"{bad} row(s) fail the rule (marked ✗)." if bad else "Every row passes the rule.", ""]

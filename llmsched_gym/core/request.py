@@ -23,6 +23,12 @@ ONLINE, OFFLINE = 0, 1
 
 Segments = tuple[tuple[int, int], ...]
 
+MAX_TOKENS = 2**31 - 1
+"""Most prompt or output tokens one request may have (every source: traces, generated and explicit
+workloads); far above any context window, and sums over a workload stay in int64."""
+MAX_ARRIVAL_S = 1e9
+"""Latest arrival time, in seconds (about 31 years; float64 keeps the clock at sub-microsecond
+resolution up to there): a generated workload is bounded like a trace."""
 MAX_SPARSE_CLIENTS = 65_536
 """Without ``client_weight``, client ids must stay below ``max(MAX_SPARSE_CLIENTS, 2 n)``."""
 
@@ -113,6 +119,10 @@ class Workload:
             return
         if not np.all(np.isfinite(self.arrival_s)) or self.arrival_s.min() < 0:
             raise WorkloadError("arrival_s: must be finite and >= 0")
+        if self.arrival_s.max() > MAX_ARRIVAL_S:
+            i = int(np.argmax(self.arrival_s > MAX_ARRIVAL_S))
+            raise WorkloadError(f"arrival_s: request {i} arrives at {self.arrival_s[i]:.3g} s, after the {MAX_ARRIVAL_S:g} s "
+                                "bound (is the arrival rate far too low?)")
         if np.any(np.diff(self.arrival_s) < 0):
             raise WorkloadError("arrival_s: must be sorted (non-decreasing); use Workload.sorted()")
         for name in ("prompt_tokens", "output_tokens", "predicted_output"):
@@ -122,6 +132,9 @@ class Workload:
             if a.min() < 1:
                 i = int(np.argmin(a))
                 raise WorkloadError(f"{name}: must be >= 1 (request {i} has {int(a[i])})")
+            if a.max() > MAX_TOKENS:
+                i = int(np.argmax(a))
+                raise WorkloadError(f"{name}: must be <= {MAX_TOKENS:,} (request {i} has {int(a[i]):,})")
         if self.client.min() < 0:
             raise WorkloadError("client: must be >= 0")
         if len(self.client_weight) < int(self.client.max()) + 1 or np.any(self.client_weight <= 0):

@@ -145,10 +145,9 @@ def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineCon
     wspec = spec["workload"]
     try:
         if "explicit" in wspec:
-            ex = dict(wspec["explicit"])
-            if "prefix" in ex:
-                ex["prefix"] = [tuple(tuple(seg) for seg in p) if p else None for p in ex["prefix"]]
-            workload = Workload(**ex)
+            from llmsched_gym.core.workload import explicit_workload
+
+            workload = explicit_workload(wspec["explicit"])
             if "predictor" in wspec:  # a hand-made instance under another information model
                 workload = _explicit_predictor(workload, wspec["predictor"], seed)
         else:

@@ -50,18 +50,17 @@ from pathlib import Path
 import numpy as np
 
 from llmsched_gym.core import workload as wlgen
-from llmsched_gym.core.request import Segments, Workload
+from llmsched_gym.core.request import MAX_ARRIVAL_S, MAX_TOKENS, Segments, Workload
 
 FORMATS = ("azure", "vtc", "csv", "jsonl", "sharegpt")
 DEFAULT_FILES = {"azure": "AzureLLMInferenceTrace_conv.csv", "vtc": "vtc_arena_real_trace.csv"}
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 VTC_HEADER = ("arrival_s", "client", "prompt_tokens", "output_tokens")
 GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "client", "prefix_group", "prefix_tokens")
-MAX_TOKENS = 2**31 - 1
-"""Largest token count a trace may give (far above any context window; sums stay in int64)."""
-MAX_ARRIVAL_S = 1e9
-"""Latest arrival a trace may give, in seconds after its earliest row (float64 keeps the clock at
-sub-microsecond resolution up to there)."""
+MAX_TRACE_BYTES = 4 * 2**30
+"""Largest trace file read (4 GiB; the Azure conversation trace is 1 MB, a week of it about 1 GB)."""
+# MAX_TOKENS: largest token count a trace may give; MAX_ARRIVAL_S: latest arrival, in seconds after
+# its earliest row (the bounds of every workload, llmsched_gym.core.request)
 
 
 class TraceError(ValueError):
@@ -137,19 +136,45 @@ class _Table:
         return a
 
     def timestamps(self, field: str) -> np.ndarray:
-        """Seconds since the earliest row of ISO timestamps (``2023-11-16 18:15:46.6805900``),
-        parsed by NumPy at nanosecond resolution (``datetime.strptime`` rejects 7 digits)."""
+        """Seconds since the earliest row of ISO 8601 timestamps, the one format read:
+        ``YYYY-MM-DD HH:MM[:SS[.fraction]]`` (``T`` may replace the space; up to 9 fractional
+        digits, as in ``2023-11-16 18:15:46.6805900``), optionally followed by a time-zone offset
+        (``Z``, ``+HH:MM``, ``+HHMM``), which is converted to UTC. Either every row has an offset or
+        none has (a file mixing them is an error: its clock would be ambiguous). Parsed by NumPy at
+        nanosecond resolution (``datetime.strptime`` rejects 7 digits), without warnings."""
+        import re
+
         col = self.columns[field]
-        want = "a timestamp like '2023-11-16 18:15:46.6805900'"
+        want = "a timestamp like '2023-11-16 18:15:46.6805900' (an optional offset: Z, +02:00)"
+        rx = re.compile(r"\s*(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?)\s*(Z|[+-]\d{2}:?\d{2})?\s*")
+        naive, offset_s = [], np.zeros(len(col), dtype=np.int64)
+        with_zone = None
+        for i, v in enumerate(col):
+            m = rx.fullmatch(v)
+            if m is None:
+                raise self.fail(i, field, want, v)
+            naive.append(m.group(1))
+            zone = m.group(2)
+            if with_zone is None:
+                with_zone = zone is not None
+            elif with_zone != (zone is not None):
+                raise self.fail(i, field, "the same form as the first row (every row with a time-zone offset, or "
+                                "none)", v)
+            if zone and zone != "Z":
+                hh, mm = int(zone[1:3]), int(zone[-2:])
+                if hh > 23 or mm > 59:
+                    raise self.fail(i, field, want, v)
+                offset_s[i] = (1 if zone[0] == "+" else -1) * (hh * 3600 + mm * 60)
         try:
-            a = np.array(col, dtype="datetime64[ns]")
+            a = np.array(naive, dtype="datetime64[ns]")
         except ValueError:
-            for i, v in enumerate(col):
+            for i, v in enumerate(naive):
                 try:
                     np.datetime64(v, "ns")
                 except ValueError:
-                    raise self.fail(i, field, want, v) from None
+                    raise self.fail(i, field, want, col[i]) from None
             raise
+        col = naive
         bad = np.flatnonzero(np.isnat(a))
         if len(bad):
             raise self.fail(int(bad[0]), field, want, col[bad[0]])
@@ -158,6 +183,8 @@ class _Table:
         if len(wrapped):
             raise self.fail(int(wrapped[0]), field, "a timestamp between the years 1678 and 2261",
                             col[wrapped[0]])
+        if offset_s.any():
+            a = a - offset_s.astype("timedelta64[s]").astype("timedelta64[ns]")  # local time - offset = UTC
         rel = (a - a.min()).astype(np.int64) / 1e9
         late = np.flatnonzero(rel > MAX_ARRIVAL_S)
         if len(late):
@@ -169,7 +196,17 @@ class _Table:
 def _read_text(path: Path) -> str:
     """The file as text: UTF-8, a leading byte-order mark dropped; an undecodable byte is a
     :class:`TraceError` naming the line."""
-    data = path.read_bytes()
+    import stat
+
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise TraceError(f"{path.name}: file: not a regular file (a device or pipe is never read)")
+    if st.st_size > MAX_TRACE_BYTES:
+        raise TraceError(f"{path.name}: file: {st.st_size:,} bytes, more than the {MAX_TRACE_BYTES:,} a trace may have")
+    with path.open("rb") as f:
+        data = f.read(MAX_TRACE_BYTES + 1)
+    if len(data) > MAX_TRACE_BYTES:
+        raise TraceError(f"{path.name}: file: more than the {MAX_TRACE_BYTES:,} bytes a trace may have")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -181,7 +218,10 @@ def _read_csv(path: Path, expected: Sequence[str] | None = None) -> tuple[list[s
     """Header and string columns of a CSV file; every row must have the header's width."""
     src = path.name
     reader = csv.reader(io.StringIO(_read_text(path), newline=""))
-    header = next(reader, None)
+    try:
+        header = next(reader, None)
+    except csv.Error as e:
+        raise TraceError(f"{src}:1: header: not valid CSV ({e})") from None
     if header is None:
         raise TraceError(f"{src}:1: header: expected {','.join(expected or GENERIC_COLUMNS[:3])}, got an empty file")
     header = [h.strip() for h in header]
@@ -191,10 +231,13 @@ def _read_csv(path: Path, expected: Sequence[str] | None = None) -> tuple[list[s
     if expected is not None and tuple(header) != tuple(expected):
         raise TraceError(f"{src}:1: header: expected {','.join(expected)}, got {','.join(header)!r}")
     rows, lines = [], []
-    for row in reader:
-        if row:
-            rows.append(row)
-            lines.append(reader.line_num)
+    try:
+        for row in reader:
+            if row:
+                rows.append(row)
+                lines.append(reader.line_num)
+    except csv.Error as e:  # a field over the csv module's limit (128 kB), a NUL byte
+        raise TraceError(f"{src}:{reader.line_num + 1}: row: not valid CSV ({e})") from None
     width = len(header)
     for i, row in enumerate(rows):
         if len(row) != width:
@@ -325,6 +368,8 @@ def load_jsonl(path: str | os.PathLike, *, on_zero: str = "error", first_segment
             obj = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got invalid JSON ({e.msg})") from None
+        except RecursionError:
+            raise TraceError(f"{src}:{lineno}: row: JSON nested too deeply") from None
         except _DuplicateKey as e:
             raise TraceError(f"{src}:{lineno}: {e.args[0]}: key appears twice") from None
         if not isinstance(obj, dict):
@@ -363,6 +408,8 @@ def load_sharegpt(path: str | os.PathLike, arrivals: Callable[[int], np.ndarray]
         data = json.loads(_read_text(path))
     except json.JSONDecodeError as e:
         raise TraceError(f"{src}:{e.lineno}: file: expected JSON, got invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise TraceError(f"{src}:1: file: JSON nested too deeply") from None
     if not isinstance(data, list):
         raise TraceError(f"{src}:1: file: expected a JSON list of conversations, got {type(data).__name__}")
     prompts, outputs, entries, skipped = [], [], [], 0

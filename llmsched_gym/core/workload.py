@@ -103,7 +103,7 @@ import numpy as np
 
 from llmsched_gym.config import MAX_REQUESTS
 from llmsched_gym.core.information import information_of_predictor
-from llmsched_gym.core.request import OFFLINE, ONLINE, Segments, Workload, WorkloadError
+from llmsched_gym.core.request import MAX_TOKENS, OFFLINE, ONLINE, Segments, Workload, WorkloadError
 
 RngLike = np.random.Generator | int | None
 
@@ -117,8 +117,11 @@ def _num(value: Any, name: str, *, gt: float | None = None, ge: float | None = N
     ok = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
     if ok and integer:
         ok = float(value).is_integer()
-    bounds = [f"> {gt:g}" if gt is not None else "", f">= {ge:g}" if ge is not None else "",
-              f"<= {le:g}" if le is not None else ""]
+    def show(x: float) -> str:
+        return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+    bounds = [f"> {show(gt)}" if gt is not None else "", f">= {show(ge)}" if ge is not None else "",
+              f"<= {show(le)}" if le is not None else ""]
     want = f"{'an integer' if integer else 'a number'} {' and '.join(b for b in bounds if b)}".rstrip()
     if ok:
         v = float(value)
@@ -126,6 +129,13 @@ def _num(value: Any, name: str, *, gt: float | None = None, ge: float | None = N
     if not ok:
         raise WorkloadError(f"{name}: expected {want}, got {value!r}")
     return int(value) if integer else float(value)
+
+
+MAX_CV = 100.0
+"""Largest inter-arrival CV of a ``gamma`` arrival (Gamma shape ``1e-4``; real traces are near 1)."""
+MAX_ROUND_B = 100_000
+"""Largest ``B`` of a ``round_counts`` arrival (``binomial``, ``uniform``): the count distribution is
+tabulated, one entry per possible count."""
 
 
 def _bounds(n: int | None, horizon_s: float | None) -> tuple[int | None, float | None]:
@@ -184,7 +194,7 @@ def gamma(rate: float, cv: float, *, n: int | None = None, horizon_s: float | No
     The Gamma shape is ``1/cv**2`` (cv > 1 is burstier than Poisson; the Azure conv trace has
     shape 0.87, i.e. cv 1.07; cv = 1 is Poisson).
     """
-    rate, cv = _num(rate, "rate", gt=0), _num(cv, "cv", gt=0)
+    rate, cv = _num(rate, "rate", gt=0), _num(cv, "cv", gt=0, le=MAX_CV)
     n, horizon_s = _bounds(n, horizon_s)
     rng = np.random.default_rng(rng)
     shape = 1.0 / cv**2
@@ -307,6 +317,8 @@ def round_counts(pmf: Sequence[float] | np.ndarray, *, n: int | None = None, hor
     if n is not None and horizon_s is None and p[0] >= 1.0:
         raise WorkloadError("pmf: P(0 arrivals) = 1 never reaches n_requests")
     n, horizon_s = _bounds(n, horizon_s)
+    if horizon_s is not None and horizon_s > MAX_REQUESTS:
+        raise WorkloadError(f"horizon_s: {horizon_s:g} rounds; at most {MAX_REQUESTS:,} (round mode counts rounds)")
     rng = np.random.default_rng(rng)
     p = p / p.sum()
     if horizon_s is not None:
@@ -327,13 +339,13 @@ def round_counts(pmf: Sequence[float] | np.ndarray, *, n: int | None = None, hor
 
 
 def _clip(x: np.ndarray, max_tokens: int | None) -> np.ndarray:
-    hi = None if max_tokens is None else _num(max_tokens, "max", ge=1, integer=True)
+    hi = MAX_TOKENS if max_tokens is None else _num(max_tokens, "max", ge=1, le=MAX_TOKENS, integer=True)
     return np.clip(np.rint(x), 1, hi).astype(np.int64)
 
 
 def fixed(value: int, size: int) -> np.ndarray:
     """``size`` copies of ``value`` tokens."""
-    return np.full(size, int(_num(value, "value", ge=1, integer=True)), dtype=np.int64)
+    return np.full(size, int(_num(value, "value", ge=1, le=MAX_TOKENS, integer=True)), dtype=np.int64)
 
 
 def uniform(lo: int, hi: int, size: int, rng: RngLike = None) -> np.ndarray:
@@ -727,11 +739,15 @@ class _Builder:
                 raise WorkloadError(f"{key}: {'required' if key not in p else 'not allowed'} for dist {dist!r}")
         if dist == "pmf":
             return p["pmf"]
-        big_b = int(_num(p["B"], "B", ge=0, integer=True))
+        big_b = int(_num(p["B"], "B", ge=0, le=MAX_ROUND_B, integer=True))
         if dist == "uniform":
             return np.full(big_b + 1, 1.0 / (big_b + 1))
         q = _num(p["p"], "p", ge=0, le=1)
-        return np.array([math.comb(big_b, c) * q**c * (1 - q) ** (big_b - c) for c in range(big_b + 1)])
+        if big_b <= 1000:  # exact (math.comb fits a float)
+            return np.array([math.comb(big_b, c) * q**c * (1 - q) ** (big_b - c) for c in range(big_b + 1)])
+        from scipy.stats import binom
+
+        return binom.pmf(np.arange(big_b + 1), big_b, q)
 
     def lengths(self, spec: Any, path: str, size: int) -> np.ndarray:
         if spec is None:
@@ -837,6 +853,50 @@ def _empirical_values(p: dict) -> np.ndarray:
     from llmsched_gym.core import traces  # traces builds on this module
 
     return traces.read_column(p["path"], p["column"])
+
+
+_EXPLICIT_INTS = ("prompt_tokens", "output_tokens", "predicted_output", "client", "task_class", "type_id")
+_EXPLICIT_FLOATS = ("arrival_s", "ttft_slo_s", "tpot_slo_s", "client_weight")
+
+
+def explicit_workload(spec: Any) -> Workload:
+    """The workload a scenario lists request by request (``workload.explicit``): ``arrival_s``,
+    ``prompt_tokens``, ``output_tokens`` (required lists, one entry per request), optionally
+    ``predicted_output``, ``client``, ``task_class``, ``type_id`` (integers), ``ttft_slo_s``,
+    ``tpot_slo_s``, ``client_weight`` (numbers) and ``prefix`` (per request: null or a list of
+    ``[segment_id, tokens]`` pairs). Integers must be integers (``5.9`` is an error, not 5), token
+    counts at most :data:`MAX_TOKENS`; messages name ``explicit.FIELD[i]``."""
+    allowed = (*_EXPLICIT_FLOATS[:1], *_EXPLICIT_INTS, *_EXPLICIT_FLOATS[1:], "prefix")
+    ex = _mapping(spec, "explicit", allowed)
+    kw: dict[str, Any] = {}
+    for key in ("arrival_s", "prompt_tokens", "output_tokens"):
+        if key not in ex:
+            raise WorkloadError(f"explicit.{key}: required (a list, one entry per request)")
+    for key, value in ex.items():
+        path = f"explicit.{key}"
+        if not isinstance(value, list | tuple):
+            raise WorkloadError(f"{path}: expected a list (one entry per request), got {str(value)[:40]!r}")
+        if len(value) > MAX_REQUESTS:
+            raise WorkloadError(f"{path}: {len(value):,} entries; at most {MAX_REQUESTS:,}")
+        if key == "prefix":
+            kw[key] = [_explicit_prefix(p, f"{path}[{i}]") for i, p in enumerate(value)]
+            continue
+        integer = key in _EXPLICIT_INTS
+        hi = MAX_TOKENS if integer else None
+        lo = 1 if key in ("prompt_tokens", "output_tokens", "predicted_output") else 0
+        kw[key] = np.array([_num(x, f"{path}[{i}]", ge=lo, le=hi, integer=integer) if key != "ttft_slo_s"
+                            and key != "tpot_slo_s" else _slo(x, f"{path}[{i}]") for i, x in enumerate(value)],
+                           dtype=np.int64 if integer else np.float64)
+    return Workload(**kw)
+
+
+def _explicit_prefix(p: Any, path: str) -> Segments | None:
+    if p is None or p == []:
+        return None
+    if not isinstance(p, list | tuple) or not all(isinstance(seg, list | tuple) and len(seg) == 2 for seg in p):
+        raise WorkloadError(f"{path}: expected null or a list of [segment_id, tokens] pairs, got {str(p)[:40]!r}")
+    return tuple((int(_num(a, f"{path}.segment_id", ge=0, integer=True)),
+                  int(_num(k, f"{path}.tokens", ge=1, le=MAX_TOKENS, integer=True))) for a, k in p)
 
 
 def _cut_workload(wl: Workload, n: int | None, horizon_s: float | None) -> Workload:

@@ -52,6 +52,11 @@ def default_candidates(scenario_name: str) -> list[str]:
     return list(ENGINE_POLICIES) + [p for p in extra if p not in ENGINE_POLICIES]
 
 
+MAX_K = 4096
+"""Most queue slots ``K`` an observation may hold: the observation and mask arrays grow with K (at
+K = 10^7 a 50-request episode took 2.2 GB)."""
+
+
 class LLMSchedEnv(gym.Env):
     """LLM inference scheduling under a KV-cache limit: the agent forms each batch.
 
@@ -259,8 +264,8 @@ class LLMSchedEnv(gym.Env):
                                      ("invalid_action", invalid_action, INVALID_ACTION)):
             if value not in allowed:
                 raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
-        if isinstance(K, bool) or not isinstance(K, int | np.integer) or K < 1:
-            raise ConfigError(f"K: must be an integer >= 1, got {K!r}")
+        if isinstance(K, bool) or not isinstance(K, int | np.integer) or not 1 <= K <= MAX_K:
+            raise ConfigError(f"K: must be an integer in [1, {MAX_K}] (the observation holds K slots), got {K!r}")
         for name, value in (("budget", budget), ("max_num_seqs", max_num_seqs)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1):
                 raise ConfigError(f"{name}: must be an integer >= 1 or None, got {value!r}")
