@@ -197,24 +197,32 @@ def _load_trusted(model_path: Path, run_dir: Path) -> Agent:
                  meta.get("overrides", {}))
 
 
-def describe_run(meta: dict[str, Any], folder: str) -> str:
-    """An agent's label in reports, named for what it is: ``maskable-ppo (bc: sarathi, 41k steps)``,
-    ``ppo (tune: sarathi chunk_size, 60k steps)`` (the run folder's name when ``run.json`` is missing)."""
+def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
+    """An agent's label in reports, named for what it is: its algorithm, action mode and structure,
+    then its training: ``ppo priority/prompt-order budget 256, 166k steps``, ``maskable-ppo select,
+    bc: sarathi, 41k steps``, ``ppo tune: sarathi chunk_size, 60k steps``; ``start`` names the untrained
+    starting policy of the run (``..., untrained start``). The run folder's name when ``run.json`` is
+    missing."""
     if not meta:
-        return folder
+        return f"{folder} (untrained start)" if start else folder
     steps = int(meta.get("timesteps") or 0)
     size = f"{steps / 1e6:.3g}M" if steps >= 1_000_000 else f"{steps / 1e3:.3g}k" if steps >= 1000 else str(steps)
     bc = (meta.get("bc") or {}).get("policy")
     if isinstance(bc, dict):
         bc = bc.get("name", "") + ":" + ",".join(f"{k}={v}" for k, v in bc.items() if k != "name")
     env_kwargs = meta.get("env_kwargs") or {}
-    tuned = ""
-    if env_kwargs.get("action_mode") == "tune":  # what the agent sets at every decision
+    mode = env_kwargs.get("action_mode", "select")
+    if mode == "tune":  # what the agent sets at every decision
         knobs = env_kwargs.get("tune") or {"chunk_size": (), "max_num_seqs": ()}
         base = env_kwargs.get("base", "sarathi")
-        tuned = f"tune: {base if isinstance(base, str) else base.get('name')} {'+'.join(knobs)}, "
-    what = f"{tuned}bc: {bc}, {size} steps" if bc else f"{tuned}{size} steps"
-    return f"{meta.get('algo', 'agent')} ({what})"
+        structure = f"tune: {base if isinstance(base, str) else base.get('name')} {'+'.join(knobs)}"
+    else:
+        structure = mode + (f"/{env_kwargs['order']}-order" if env_kwargs.get("order") else "")
+        if env_kwargs.get("budget"):
+            structure += f" budget {env_kwargs['budget']}"
+    trained = "untrained start" if start else f"{size} steps"
+    parts = [structure, f"bc: {bc}" if bc else "", trained]
+    return f"{meta.get('algo', 'agent')} " + ", ".join(p for p in parts if p)
 
 
 def vecnormalize_path(model_path: Path) -> Path:

@@ -1,20 +1,35 @@
 """``llmsched benchmark``: a fixed suite of scheduling tasks, and the scores any policy or agent gets.
 
-Every task fixes a scenario, its size and load, the metric it scores (and whether lower is
-better), the training seeds an agent may learn on, one validation seed and the test seeds every
-entrant is scored on. The protocol is the same for everybody, so two users' results compare:
+Every task fixes a scenario, its size and load, **the information entrants have** about output
+lengths, the metric it scores (and whether lower is better), the training seeds an agent may learn
+on, one validation seed and the test seeds every entrant is scored on. The protocol is the same for
+everybody, so two users' results compare:
 
+* information: ``clairvoyant`` (true output lengths: the model of a paper that assumes them, or a
+  labelled upper reference), ``predicted`` (a predictor with a stated error) or ``blind`` (no
+  output-length information). The env and every policy read only what the task allows; a policy
+  that needs more is listed as not applicable, with the reason;
 * every entrant runs on every test seed (the same workloads: paired);
 * the references are computed, not typed in: every registered baseline at its defaults (the best
-  one that completes every request is *the best baseline*), and a small grid over each engine
-  policy's main knob (Sarathi's ``chunk_size``, vLLM v1's ``max_num_seqs``): the best of grid and
-  defaults is *the best static tuning*;
-* per task and entrant: the mean with a 95% t-interval, the standard deviation, the paired
-  per-seed relative difference to the best baseline with its 95% t-interval, and a normalised
-  score, 0 for FCFS and 1 for the best baseline (above 1 beats it).
+  one that completes every request is *the best baseline*); *the best static heuristic*, the best
+  member of the static family (queue order x batch former x ``max_num_seqs``,
+  :mod:`baselines.static`) on the validation seed, then scored on the test seeds; and *the
+  hindsight reference*, per test workload the best schedule found with everything known (the full
+  trace, true lengths: :mod:`llmsched_gym.hindsight`), never an entrant;
+* the headroom of a task is ``(best static heuristic - hindsight) / best static heuristic``: how
+  much any scheduler could still win over the best static policy. Under 5% the task is marked
+  "no headroom";
+* per task and entrant: the mean with a 95% t-interval, the paired per-seed relative difference to
+  the best baseline and to the best static heuristic with their 95% t-intervals and a verdict
+  (better, worse, or tie when the interval includes 0), and a normalised score, 0 for FCFS and 1 for
+  the best baseline. An agent is scored beside its own untrained start (``start`` in its run
+  folder), with the paired difference "learned: trained vs start";
+* generalisation tasks score an agent of one task on workloads it never saw (another real trace, a
+  lower and a higher load), with the static heuristic chosen on the agent's own task.
 
 Outputs: ``results.json`` (everything, per seed), ``leaderboard.md`` and ``scores.png``.
-``--quick`` runs two tasks on small workloads and two seeds (CI).
+``--quick`` runs two tasks on small workloads, two seeds, a reduced static family and a short
+hindsight search (CI).
 """
 
 from __future__ import annotations
@@ -36,11 +51,15 @@ from llmsched_gym.parallel import Cell, Settings, run_cells
 TRAIN_SEEDS = (1000, 1999)
 """Training workloads: seeds 1000 to 1999 (inclusive); never used for scoring."""
 VALIDATION_SEED = 99
-TEST_SEEDS = (100, 101, 102, 103, 104)
+"""The workload on which the best static heuristic is chosen (and agents pick their best model)."""
+TEST_SEEDS = tuple(range(100, 110))
 QUICK_TEST_SEEDS = (100, 101)
-GRID = {"sarathi": ("chunk_size", (128, 256, 512, 1024, 2048)),
-        "vllm-v1": ("max_num_seqs", (16, 32, 64, 128, 256))}
-"""Each engine policy's main knob and the static values the suite tries."""
+NO_HEADROOM = 0.05
+"""A task whose headroom over the best static heuristic is below this is marked "no headroom"."""
+INFORMATION = ("clairvoyant", "predicted", "blind")
+HINDSIGHT_SIMS = 120
+"""Simulations per test workload of the hindsight search (``--quick``: 12)."""
+QUICK_HINDSIGHT_SIMS = 12
 
 
 @dataclass(frozen=True)
@@ -48,11 +67,16 @@ class Task:
     """One benchmark task.
 
     :param scenario: a scenario name (``llmsched list``).
-    :param overrides: dotted scenario overrides (size, load).
+    :param overrides: dotted scenario overrides (size, load, predictor).
     :param metric: dotted path into the run summary (``serving.mean_e2el_ms``: ``vllm bench serve``'s
         names and units).
     :param lower_is_better: the metric's direction.
     :param label: how the metric is printed.
+    :param information: what entrants know of output lengths: ``clairvoyant``, ``predicted`` or
+        ``blind`` (it follows from the scenario's predictor; a test checks that they agree).
+    :param trained_on: for a generalisation task, the task whose agents are scored here and on whose
+        validation workload the static heuristic is chosen.
+    :param why: what the task tests, one sentence.
     """
 
     name: str
@@ -61,30 +85,54 @@ class Task:
     metric: str
     lower_is_better: bool
     label: str
+    information: str
     quick_overrides: dict[str, Any] = field(default_factory=dict)
+    trained_on: str | None = None
+    why: str = ""
 
+
+_E2EL = ("serving.mean_e2el_ms", True, "Mean E2EL (ms)")
+_AZ = {"workload.n_requests": 1000}
+_AZ_QUICK = {"workload.n_requests": 150}
+_BLIND = {"workload.predictor": {"type": "none"}}
+_ORACLE = {"workload.predictor": {"type": "oracle"}}
 
 TASKS: tuple[Task, ...] = (
-    Task("azure-conv", "azure-conv", {"workload.n_requests": 1000}, "serving.mean_e2el_ms", True, "Mean E2EL (ms)",
-         {"workload.n_requests": 150}),
+    Task("azure-conv", "azure-conv", _AZ, *_E2EL, "predicted", _AZ_QUICK,
+         why="real conversation traffic (Azure 2023) with a learned-predictor's error on output lengths"),
     # held out in time: windows from the trace's second half only (agents train on its first half,
     # ``workload.trace.part: [0, 0.5]``), so no test request was ever seen in training
-    Task("azure-conv-late", "azure-conv", {"workload.n_requests": 1000, "workload.trace.part": [0.5, 1.0]},
-         "serving.mean_e2el_ms", True, "Mean E2EL (ms)", {"workload.n_requests": 150}),
-    Task("jaillet-high", "jaillet-high", {"workload.n_requests": 500}, "serving.mean_e2el_ms", True, "Mean E2EL (ms)",
-         {"workload.n_requests": 400}),
-    Task("jaillet-noisy", "jaillet-noisy", {"workload.n_requests": 500}, "serving.mean_e2el_ms", True, "Mean E2EL (ms)",
-         {"workload.n_requests": 400}),
+    Task("azure-conv-late", "azure-conv", {**_AZ, "workload.trace.part": [0.5, 1.0]}, *_E2EL, "predicted",
+         _AZ_QUICK, why="the same service an hour later: windows no agent trained on"),
+    Task("azure-conv-blind", "azure-conv", {**_AZ, **_BLIND}, *_E2EL, "blind", _AZ_QUICK,
+         why="no output-length information at all: prompt length, age and service so far"),
+    Task("azure-conv-clairvoyant", "azure-conv", {**_AZ, **_ORACLE}, *_E2EL, "clairvoyant", _AZ_QUICK,
+         why="an upper reference: what knowing the true lengths is worth (no server knows them)"),
+    Task("jaillet-high", "jaillet-high", {"workload.n_requests": 500}, *_E2EL, "clairvoyant",
+         {"workload.n_requests": 400}, why="Jaillet et al. 2025's model, which assumes known output lengths"),
+    Task("jaillet-noisy", "jaillet-noisy", {"workload.n_requests": 500}, *_E2EL, "predicted",
+         {"workload.n_requests": 400}, why="Jaillet et al. 2025's noisy predictions (x = 0.2)"),
     Task("jaillet-bursty", "jaillet-high",
          {"workload.n_requests": 500, "workload.arrival": {"type": "gamma", "rate": 50.0, "cv": 4.0}},
-         "serving.p99_ttft_ms", True, "P99 TTFT (ms)", {"workload.n_requests": 120}),
+         "serving.p99_ttft_ms", True, "P99 TTFT (ms)", "clairvoyant", {"workload.n_requests": 120},
+         why="bursts (Gamma arrivals, CV 4) scored on the tail"),
     Task("echo-hybrid", "echo-hybrid",
          {"workload.n_requests": 200, "workload.classes.offline.n_requests": 2000, "engine.horizon_s": 60.0},
-         "serving.request_goodput", False, "Request goodput (req/s)",
-         {"workload.n_requests": 40, "workload.classes.offline.n_requests": 200, "engine.horizon_s": 15.0}),
+         "serving.request_goodput", False, "Request goodput (req/s)", "predicted",
+         {"workload.n_requests": 40, "workload.classes.offline.n_requests": 200, "engine.horizon_s": 15.0},
+         why="online requests with SLOs beside offline batch work (Wang et al. 2025)"),
     # a seeded window of the trace, so that the test seeds are different workloads
     Task("vtc-arena", "vtc-arena", {"workload.n_requests": 1000, "workload.trace.window": "random"},
-         "fairness.tick_diff.max", True, "max per-tick service difference", {"workload.n_requests": 150}),
+         "fairness.tick_diff.max", True, "max per-tick service difference", "blind", {"workload.n_requests": 150},
+         why="per-client fairness on the Chatbot Arena trace (Sheng et al. 2024)"),
+    # generalisation: an azure-conv agent on workloads it never saw
+    Task("azure-conv-load0.7", "azure-conv", {**_AZ, "workload.trace.time_scale": 1 / 0.7}, *_E2EL, "predicted",
+         _AZ_QUICK, trained_on="azure-conv", why="generalisation: the azure-conv service at 0.7x its load"),
+    Task("azure-conv-load1.3", "azure-conv", {**_AZ, "workload.trace.time_scale": 1 / 1.3}, *_E2EL, "predicted",
+         _AZ_QUICK, trained_on="azure-conv", why="generalisation: the azure-conv service at 1.3x its load"),
+    Task("azure-conv-arena", "azure-conv", {**_AZ, "workload.trace": {"format": "vtc", "window": "random"}}, *_E2EL,
+         "predicted", _AZ_QUICK, trained_on="azure-conv",
+         why="generalisation: another real trace (Chatbot Arena, Sheng et al. 2024) on azure-conv's engine"),
 )
 QUICK_TASKS = ("azure-conv", "jaillet-high")
 
@@ -121,12 +169,33 @@ def normalised(value: float, fcfs: float, best: float) -> float:
     return (value - fcfs) / (best - fcfs)
 
 
+def paired(mine: list[float], theirs: list[float], lower_is_better: bool = True) -> dict[str, Any]:
+    """The per-seed relative difference ``(mine - theirs) / theirs``: mean, 95% t-interval and the
+    verdict: ``better`` or ``worse`` when the interval excludes 0, else ``tie``."""
+    rel = [(x - y) / abs(y) for x, y in zip(mine, theirs, strict=True) if y and np.isfinite(x) and np.isfinite(y)]
+    m, half, _ = t_interval(rel)
+    if not np.isfinite(m):
+        verdict = "-"
+    elif np.isfinite(half) and abs(m) > half:
+        verdict = "better" if (m < 0) == lower_is_better else "worse"
+    elif not np.isfinite(half) and m == 0:
+        verdict = "tie"
+    else:
+        verdict = "tie"
+    return {"rel": m, "ci95": half, "verdict": verdict}
+
+
 @dataclass
 class Entry:
-    """One entrant's per-seed results on a task."""
+    """One entrant's per-seed results on a task.
+
+    ``kind``: ``baseline`` (a registered policy at its defaults), ``static`` (the best static
+    heuristic), ``policy`` (an extra entrant), ``agent``, ``start`` (an agent's untrained start) or
+    ``reference`` (the hindsight reference: never an entrant).
+    """
 
     name: str
-    kind: str  # "baseline", "grid", "policy" or "agent"
+    kind: str
     values: list[float]
     completed: list[bool]
     params: dict[str, Any] = field(default_factory=dict)
@@ -156,12 +225,18 @@ def policy_cell(args: tuple) -> tuple[float, bool]:
 
 def agent_cell(args: tuple) -> tuple[float, bool, str]:
     """One sweep cell: ``(task, agent path, best, seed, overrides)`` -> (metric, completed, agent name);
-    masked, deterministic actions."""
+    masked, deterministic actions. ``best`` is ``"start"`` for the run's untrained start."""
     from agents.agent import make_env, run_episode
     from agents.evaluate import cached_agent
 
     task, path, best, seed, overrides = args
-    agent = cached_agent(path, best)
+    agent = cached_agent(str(Path(path) / "start.json"), False) if best == "start" else cached_agent(path, best)
+    name = agent.name
+    if best == "start":  # named for what it is: the run's structure, untrained
+        from agents.agent import describe_run
+
+        run = Path(path) / "run.json"
+        name = describe_run(json.loads(run.read_text()) if run.exists() else {}, Path(path).name, start=True)
     env_kwargs = {k: v for k, v in agent.env_kwargs.items() if k not in ("overrides", "n_requests", "horizon_s")}
     env = make_env(task.scenario, env_kwargs, overrides)
     try:
@@ -169,7 +244,16 @@ def agent_cell(args: tuple) -> tuple[float, bool, str]:
     finally:
         env.close()
     done = summary["n_completed"] + summary["n_rejected"] == summary["n_arrived"] or summary["stop_reason"] == "horizon"
-    return metric_value(summary, task.metric), done, agent.name
+    return metric_value(summary, task.metric), done, name
+
+
+def hindsight_cell(args: tuple) -> tuple[float, dict[str, Any]]:
+    """One sweep cell: ``(task, seed, overrides, start specs, sims)`` -> (value, details)."""
+    from llmsched_gym.hindsight import hindsight
+
+    task, seed, overrides, start, sims = args
+    r = hindsight(task.scenario, overrides, seed, task.metric, task.lower_is_better, start=start, sims=sims)
+    return r.value, {"n_sims": r.n_sims, "wall_s": r.wall_s, "start_value": r.start_value}
 
 
 @dataclass
@@ -184,59 +268,85 @@ class _Entrant:
     cells: list[int] = field(default_factory=list)
 
 
-def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
-    """References (best baseline, best static tuning) and every entrant's statistics."""
-    sign = 1.0 if task.lower_is_better else -1.0
+def _sign(task: Task) -> float:
+    return 1.0 if task.lower_is_better else -1.0
 
-    def mean(e: Entry) -> float:
-        return float(np.mean(e.values)) if e.values else math.nan
+
+def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
+    """References (best baseline, best static heuristic, hindsight, headroom) and every entrant's statistics."""
+    sign = _sign(task)
+
+    def mean(e: Entry | None) -> float:
+        return float(np.mean(e.values)) if e is not None and e.values else math.nan
 
     complete = [e for e in entries if e.kind == "baseline" and all(e.completed) and np.isfinite(mean(e))]
     best = min(complete, key=lambda e: sign * mean(e)) if complete else None
-    tuned_pool = [e for e in entries if e.kind in ("baseline", "grid") and all(e.completed) and np.isfinite(mean(e))]
-    tuned = min(tuned_pool, key=lambda e: sign * mean(e)) if tuned_pool else None
+    static = next((e for e in entries if e.kind == "static" and all(e.completed)), None)
+    ref = next((e for e in entries if e.kind == "reference"), None)
     fcfs = next((e for e in entries if e.kind == "baseline" and e.name == "fcfs"), None)
+    starts = {e.params.get("path"): e for e in entries if e.kind == "start"}
     rows = []
     for e in entries:
         m, half, sd = t_interval(e.values)
         row: dict[str, Any] = {"name": e.name, "kind": e.kind, "mean": m, "ci95": half, "std": sd,
                                "values": e.values, "complete": all(e.completed), "params": e.params}
         if best is not None:
-            rel = [(x - b) / b for x, b in zip(e.values, best.values, strict=True) if b]
-            row["paired_rel_vs_best"], row["paired_rel_ci95"], _ = t_interval(rel)
-            row["normalised"] = (normalised(m, mean(fcfs) if fcfs else math.nan, mean(best)) if all(e.completed)
+            vs = paired(e.values, best.values, task.lower_is_better)
+            row["paired_rel_vs_best"], row["paired_rel_ci95"], row["verdict_vs_best"] = vs["rel"], vs["ci95"], vs["verdict"]
+            row["normalised"] = (normalised(m, mean(fcfs), mean(best)) if all(e.completed)
                                  else math.nan)  # an incomplete run's latencies cover the served requests only
+        if static is not None:
+            vs = paired(e.values, static.values, task.lower_is_better)
+            row["paired_rel_vs_static"], row["paired_rel_static_ci95"], row["verdict_vs_static"] = (
+                vs["rel"], vs["ci95"], vs["verdict"])
+        if e.kind == "agent" and e.params.get("path") in starts:
+            start = starts[e.params["path"]]
+            row["start"] = start.name
+            row["learned"] = paired(e.values, start.values, task.lower_is_better)
         rows.append(row)
     rows.sort(key=lambda r: (not r["complete"], sign * r["mean"] if np.isfinite(r["mean"]) else math.inf))
     first: dict[tuple, str] = {}
     for row in rows:  # identical on every test seed: the same decisions on these workloads
+        if row["kind"] == "reference":
+            continue
         key = tuple(row["values"])
         if key in first:
             row["same_as"] = first[key]
         else:
             first[key] = row["name"]
-    return {"task": asdict(task), "best_baseline": best.name if best else None,
-            "best_baseline_mean": mean(best) if best else math.nan,
-            "best_static_tuning": tuned.name if tuned else None,
-            "best_static_tuning_mean": mean(tuned) if tuned else math.nan,
-            "fcfs_mean": mean(fcfs) if fcfs else math.nan, "rows": rows}
+    headroom = math.nan
+    if static is not None and ref is not None and mean(static):
+        headroom = sign * (mean(static) - mean(ref)) / abs(mean(static))
+    return {"task": asdict(task), "information": task.information,
+            "best_baseline": best.name if best else None, "best_baseline_mean": mean(best),
+            "best_static": static.name if static else None, "best_static_mean": mean(static),
+            "hindsight_mean": mean(ref), "headroom": headroom,
+            "no_headroom": bool(np.isfinite(headroom) and headroom < NO_HEADROOM),
+            "fcfs_mean": mean(fcfs), "rows": rows}
 
 
 def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | None = None,
                   agents: list[str] | None = None, quick: bool = False, best_model: bool = False,
                   out: str | Path = "runs/benchmark", baselines: list[str] | None = None,
-                  progress: Callable[[str], None] | None = None, settings: Settings | None = None) -> dict[str, Any]:
+                  progress: Callable[[str], None] | None = None, settings: Settings | None = None,
+                  hindsight_sims: int | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
     """Score ``policies`` (extra parameterised baselines) and ``agents`` (run folders) on the suite.
 
-    Every (task, entrant, seed) is one cell of a sweep run with ``settings`` (jobs, backend, progress
-    bar; :mod:`llmsched_gym.parallel`), the results identical whatever the settings. A baseline that
-    cannot run a task is skipped with its reason; so is an entrant with a failing cell, named.
+    Three sweeps, each a list of cells run with ``settings`` (jobs, backend, progress bar;
+    :mod:`llmsched_gym.parallel`), the results identical whatever the settings: the static family on
+    the validation seed (which picks each task's best static heuristic), then every entrant and the
+    hindsight search on the test seeds. A baseline that cannot run a task (not applicable under the
+    task's information, or failing) is listed with its reason; so is an entrant with a failing cell.
 
     :param tasks: task names (default: all; ``quick``: azure-conv and jaillet-high).
-    :param baselines: the default-parameter references (default: every registered policy).
+    :param baselines: the default-parameter references (default: every registered policy but ``static``).
+    :param hindsight_sims: simulations per test workload of the hindsight search (0: none).
+    :param seeds: the test seeds (default: the protocol's).
     :returns: the ``results.json`` content.
     """
-    from baselines import available, validate_spec
+    from baselines import applicable, available, validate_spec
+    from baselines.static import static_family
+    from llmsched_gym.env import ENV_ID
 
     policies = [validate_spec(p, "policies") for p in policies or []]  # one line before anything runs
     t0 = time.perf_counter()
@@ -245,60 +355,79 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     unknown = [n for n in names if n not in by_name]
     if unknown:
         raise ValueError(f"task: unknown {unknown[0]!r}; allowed: {', '.join(by_name)}")
-    seeds = list(QUICK_TEST_SEEDS if quick else TEST_SEEDS)
-    refs = baselines if baselines is not None else available()
+    seeds = list(seeds or (QUICK_TEST_SEEDS if quick else TEST_SEEDS))
+    sims = hindsight_sims if hindsight_sims is not None else (QUICK_HINDSIGHT_SIMS if quick else HINDSIGHT_SIMS)
+    refs = baselines if baselines is not None else [b for b in available() if b != "static"]
     results: dict[str, Any] = {"protocol": {"train_seeds": f"{TRAIN_SEEDS[0]}-{TRAIN_SEEDS[1]}",
                                             "validation_seed": VALIDATION_SEED, "test_seeds": seeds,
-                                            "quick": quick, "grid": {k: list(v[1]) for k, v in GRID.items()}},
+                                            "quick": quick, "env": ENV_ID, "hindsight_sims": sims,
+                                            "no_headroom_below": NO_HEADROOM},
                                "tasks": {}}
-    # every (task, entrant, seed) is one cell of one sweep; the entrants are then scored in order
+
+    def skip(task: str, who: str, why: str) -> None:
+        results.setdefault("skipped", {}).setdefault(task, {})[who] = why
+
+    # 1. the static family on the validation seed: each task's best static heuristic
+    chooser = {n: by_name[n].trained_on or n for n in names}
+    static = _choose_static([by_name[c] for c in sorted(set(chooser.values()))], static_family, quick, settings,
+                            results)
+    # 2. every entrant and the hindsight search on the test seeds
     entrants: list[_Entrant] = []
     for name in names:
         task = by_name[name]
-        entrants += [_Entrant(task, "baseline", ref, ref, {}) for ref in refs]
-        entrants += [_Entrant(task, "grid", _policy_label({"name": pol, knob: v}), {"name": pol, knob: v}, {knob: v})
-                     for pol, (knob, grid) in GRID.items() for v in grid]
-        entrants += [_Entrant(task, "policy", _policy_label(spec), spec, {}) for spec in policies or []]
+        for ref in refs:
+            ok, why = applicable(ref, task.information)
+            if ok:
+                entrants.append(_Entrant(task, "baseline", ref, ref, {}))
+            else:
+                skip(name, ref, f"not applicable: {why}")
+        chosen = static.get(chooser[name])
+        if chosen is not None:
+            entrants.append(_Entrant(task, "static", _policy_label(chosen), chosen,
+                                     {"chosen_on": f"{chooser[name]} seed {VALIDATION_SEED}"}))
+        for spec in policies or []:
+            ok, why = applicable(spec, task.information)
+            if ok:
+                entrants.append(_Entrant(task, "policy", _policy_label(spec), spec, {}))
+            else:
+                skip(name, _policy_label(spec), f"not applicable: {why}")
         for path in agents or []:
-            # an agent is scored on the tasks of the scenario it was trained on
+            # an agent is scored on the tasks of the scenario it was trained on (generalisation tasks included)
             trained_on = _agent_scenario(str(path), best_model)
             if trained_on not in (None, task.scenario):
-                results.setdefault("skipped", {}).setdefault(name, {})[str(path)] = (
-                    f"{path} was trained on {trained_on}, not {task.scenario}")
+                skip(name, str(path), f"{path} was trained on {trained_on}, not {task.scenario}")
                 continue
             entrants.append(_Entrant(task, "agent", str(path), str(path), {"path": str(path)}))
+            if (Path(path) / "start.json").exists():
+                entrants.append(_Entrant(task, "start", f"{path} (start)", str(path), {"path": str(path)}))
+        if sims and chosen is not None:
+            entrants.append(_Entrant(task, "reference", "hindsight", [chosen], {"sims": sims}))
     cells: list[Cell] = []
     for e in entrants:
         for seed in seeds:
             e.cells.append(len(cells))
-            cells.append(_cell(e, seed, quick, best_model))
+            cells.append(_cell(e, seed, quick, best_model, sims))
     outcomes = run_cells(cells, _run_cell, settings, label="benchmark")
-    # the score's zero point: FCFS overflows a scenario's forbid handler, so it runs again with
-    # vLLM's LIFO preemption instead (said in the results)
-    retry = [e for e in entrants if e.kind == "baseline" and e.spec == "fcfs"
-             and not all(outcomes[i].ok for i in e.cells)]
-    if retry:
-        again = [_cell(e, seed, quick, best_model, {"engine.overflow": "preempt_lifo_recompute"})
-                 for e in retry for seed in seeds]
-        redone = run_cells(again, _run_cell, settings, label="benchmark: fcfs again")
-        for k, e in enumerate(retry):
-            first = next(outcomes[i] for i in e.cells if not outcomes[i].ok)
-            results.setdefault("notes", {})[e.task.name] = (
-                f"fcfs ran with engine.overflow=preempt_lifo_recompute ({first.error})")
-            for j, i in enumerate(e.cells):
-                outcomes[i] = redone[k * len(seeds) + j]
+    _retry_fcfs(entrants, outcomes, seeds, quick, best_model, settings, results)
     for name in names:
+        task = by_name[name]
         entries: list[Entry] = []
         for e in (e for e in entrants if e.task.name == name):
             got = [outcomes[i] for i in e.cells]
             failed = next((o for o in got if not o.ok), None)
             if failed is not None:  # reported by its cell; the other entrants are scored
                 reason = failed.error if e.kind == "baseline" else f"{failed.error} (cell {failed.name})"
-                results.setdefault("skipped", {}).setdefault(name, {})[e.label] = reason
+                if "NotApplicable" in (failed.error or ""):
+                    reason = f"not applicable: {failed.error.split(': ', 1)[-1]}"
+                skip(name, e.label, reason)
                 continue
-            label = got[0].value[2] if e.kind == "agent" else e.label
-            entries.append(Entry(label, e.kind, [o.value[0] for o in got], [o.value[1] for o in got], e.params))
-        task = by_name[name]
+            label = got[0].value[2] if e.kind in ("agent", "start") else e.label
+            params = e.params
+            if e.kind == "reference":  # the search's own figures, before the floor below
+                params = {**e.params, "search": [{"value": o.value[0], **o.value[1]} for o in got]}
+            entries.append(Entry(label, e.kind, [o.value[0] for o in got],
+                                 [True if e.kind == "reference" else o.value[1] for o in got], params))
+        _hindsight_floor(task, entries)
         results["tasks"][name] = score_task(task, entries)
         # a trace task on a clone without the trace runs its synthetic stand-in: the leaderboard says so
         overrides = {**task.overrides, **(task.quick_overrides if quick else {})}
@@ -306,11 +435,78 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
                                                                    seeds[0])[0].meta.get("workload_source")
         if progress:
             r = results["tasks"][name]
-            progress(f"{name}: best baseline {r['best_baseline']} {r['best_baseline_mean']:.4g}, "
-                     f"best static tuning {r['best_static_tuning']} {r['best_static_tuning_mean']:.4g}")
+            progress(f"{name} ({task.information}): hindsight {r['hindsight_mean']:.4g}, best static heuristic "
+                     f"{r['best_static']} {r['best_static_mean']:.4g}, best baseline {r['best_baseline']} "
+                     f"{r['best_baseline_mean']:.4g}, headroom {_pct(r['headroom'])}")
     results["wall_s"] = time.perf_counter() - t0
     write_outputs(results, Path(out))
     return results
+
+
+def _choose_static(tasks: list[Task], family: Callable[[str], list[dict]], quick: bool, settings: Settings | None,
+                   results: dict[str, Any]) -> dict[str, dict]:
+    """Each task's best static heuristic: the family member with the best metric on the validation
+    seed among those that complete every request (the scores are kept in ``results``)."""
+    specs = {t.name: _quick_family(family(t.information)) if quick else family(t.information) for t in tasks}
+    cells = [Cell(f"{t.name}: {_policy_label(s)} seed {VALIDATION_SEED}",
+                  ("policy", (t, s, VALIDATION_SEED, {**t.overrides, **(t.quick_overrides if quick else {})})))
+             for t in tasks for s in specs[t.name]]
+    outcomes = run_cells(cells, _run_cell, settings, label="benchmark: static family on the validation seed")
+    chosen: dict[str, dict] = {}
+    k = 0
+    for t in tasks:
+        scores = []
+        for s in specs[t.name]:
+            o = outcomes[k]
+            k += 1
+            if o.ok and o.value[1] and np.isfinite(o.value[0]):
+                scores.append((_sign(t) * o.value[0], _policy_label(s), s, o.value[0]))
+        if scores:
+            scores.sort(key=lambda x: (x[0], x[1]))
+            chosen[t.name] = scores[0][2]
+            results.setdefault("static_family", {})[t.name] = {
+                "validation_seed": VALIDATION_SEED, "chosen": scores[0][1], "size": len(specs[t.name]),
+                "scores": {label: v for _, label, _, v in scores}}
+    return chosen
+
+
+def _quick_family(specs: list[dict]) -> list[dict]:
+    """``--quick``: the family's members at chunk sizes 0 and 256 and its largest ``max_num_seqs``."""
+    top = max((s.get("max_num_seqs", 0) for s in specs), default=0)
+    return [s for s in specs if s.get("chunk_size", 0) in (0, 256) and s.get("max_num_seqs", 0) == top]
+
+
+def _retry_fcfs(entrants: list[_Entrant], outcomes: list, seeds: list[int], quick: bool, best_model: bool,
+                settings: Settings | None, results: dict[str, Any]) -> None:
+    """The score's zero point: FCFS overflows a scenario's forbid handler, so it runs again with
+    vLLM's LIFO preemption instead (said in the results)."""
+    retry = [e for e in entrants if e.kind == "baseline" and e.spec == "fcfs"
+             and not all(outcomes[i].ok for i in e.cells)]
+    if not retry:
+        return
+    again = [_cell(e, seed, quick, best_model, 0, {"engine.overflow": "preempt_lifo_recompute"})
+             for e in retry for seed in seeds]
+    redone = run_cells(again, _run_cell, settings, label="benchmark: fcfs again")
+    for k, e in enumerate(retry):
+        first = next(outcomes[i] for i in e.cells if not outcomes[i].ok)
+        results.setdefault("notes", {})[e.task.name] = f"fcfs ran with engine.overflow=preempt_lifo_recompute ({first.error})"
+        for j, i in enumerate(e.cells):
+            outcomes[i] = redone[k * len(seeds) + j]
+
+
+def _hindsight_floor(task: Task, entries: list[Entry]) -> None:
+    """The hindsight reference of a workload is the best schedule known for it with everything
+    known: the search's result, or a reference policy's run where that is better (any run is a
+    feasible schedule). Agents and extra entrants are not counted, so the reference does not
+    depend on who enters."""
+    ref = next((e for e in entries if e.kind == "reference"), None)
+    if ref is None:
+        return
+    sign = _sign(task)
+    pool = [e for e in entries if e.kind in ("baseline", "static") and all(e.completed)]
+    for j in range(len(ref.values)):
+        found = [ref.values[j], *(e.values[j] for e in pool if np.isfinite(e.values[j]))]
+        ref.values[j] = min(found, key=lambda v: sign * v if np.isfinite(v) else math.inf)
 
 
 def _agent_scenario(path: str, best: bool) -> str | None:
@@ -319,47 +515,104 @@ def _agent_scenario(path: str, best: bool) -> str | None:
     return cached_agent(path, best).scenario
 
 
-def _cell(e: _Entrant, seed: int, quick: bool, best: bool, extra: dict[str, Any] | None = None) -> Cell:
+def _cell(e: _Entrant, seed: int, quick: bool, best: bool, sims: int, extra: dict[str, Any] | None = None) -> Cell:
     overrides = {**e.task.overrides, **(e.task.quick_overrides if quick else {}), **(extra or {})}
-    args = (e.task, e.spec, best, seed, overrides) if e.kind == "agent" else (e.task, e.spec, seed, overrides)
-    return Cell(f"{e.task.name}: {e.label} seed {seed}", (e.kind, args))
+    if e.kind == "agent":
+        args: tuple = ("agent", (e.task, e.spec, best, seed, overrides))
+    elif e.kind == "start":
+        args = ("agent", (e.task, e.spec, "start", seed, overrides))
+    elif e.kind == "reference":
+        args = ("reference", (e.task, seed, overrides, e.spec, sims))
+    else:
+        args = ("policy", (e.task, e.spec, seed, overrides))
+    return Cell(f"{e.task.name}: {e.label} seed {seed}", args)
 
 
 def _run_cell(args: tuple) -> tuple:
     kind, rest = args
-    return agent_cell(rest) if kind == "agent" else policy_cell(rest)
+    if kind == "agent":
+        return agent_cell(rest)
+    if kind == "reference":
+        value, details = hindsight_cell(rest)
+        return value, details
+    return policy_cell(rest)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%" if np.isfinite(x) else "-"
+
+
+def _paired_cell(row: dict[str, Any], key: str, ci: str, verdict: str) -> str:
+    if not np.isfinite(row.get(key, math.nan)):
+        return "-"
+    half = row.get(ci, math.nan)
+    return f"{100 * row[key]:+.1f}% ± {100 * half:.1f}% {row[verdict]}" if np.isfinite(half) else f"{100 * row[key]:+.1f}%"
+
+
+def summary_table(results: dict[str, Any]) -> list[str]:
+    """One line per task: information, hindsight, best static heuristic, best baseline, headroom."""
+    lines = ["| task | information | metric | hindsight | best static heuristic | best baseline | headroom |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in results["tasks"].items():
+        t = r["task"]
+        room = _pct(r["headroom"]) + (" (no headroom)" if r.get("no_headroom") else "")
+        lines.append(f"| {name}{synthetic_note(r.get('workload_source'))} | {r['information']} | {t['label']} | "
+                     f"{r['hindsight_mean']:.4g} | {r['best_static']} ({r['best_static_mean']:.4g}) | "
+                     f"{r['best_baseline']} ({r['best_baseline_mean']:.4g}) | {room} |")
+    return lines
 
 
 def leaderboard(results: dict[str, Any]) -> str:
-    """The markdown leaderboard: per task, every entrant with its figures."""
+    """The markdown leaderboard: the tasks' references, then per task every entrant with its figures."""
     p = results["protocol"]
     lines = ["# llmsched benchmark", "",
-             f"Test seeds {p['test_seeds']} (paired: every entrant runs the same workloads), validation seed "
-             f"{p['validation_seed']}, training seeds {p['train_seeds']}" + (" (quick sizes)." if p["quick"] else "."),
-             "Normalised score: 0 = fcfs, 1 = the best baseline at its defaults; above 1 beats it. "
-             "Paired: the per-seed relative difference to the best baseline, mean and 95% t-interval. "
-             "Incomplete runs (requests left unserved) are listed last and never chosen as references. "
-             "`(= X)`: identical to X on every test seed (the policies take the same decisions on these "
-             "workloads, e.g. SJF and MC-SF while memory never binds).", ""]
+             f"Environment {p.get('env', '?')}. Test seeds {p['test_seeds']} (paired: every entrant runs the same "
+             f"workloads), validation seed {p['validation_seed']}, training seeds {p['train_seeds']}"
+             + (" (quick sizes)." if p["quick"] else "."),
+             "Information: what every entrant (and the env's observation) knows of output lengths: `clairvoyant` "
+             "(true lengths, an oracle), `predicted` (a predictor with a stated error), `blind` (none). "
+             "Best static heuristic: the best of the static family (queue order x batch former x max_num_seqs) "
+             "on the validation seed. Hindsight: per test workload the best schedule found with everything known "
+             f"(search with the simulator, {p.get('hindsight_sims', '?')} simulations; a reference, never an "
+             "entrant). Headroom = (best static heuristic - hindsight) / best static heuristic; under "
+             f"{100 * p.get('no_headroom_below', NO_HEADROOM):.0f}% a task has no headroom.", "",
+             *summary_table(results), "",
+             "Per task: mean ± 95% t-interval; paired = the per-seed relative difference, mean ± 95% t-interval, "
+             "and the verdict (better / worse / tie when the interval includes 0). Normalised score: 0 = fcfs, "
+             "1 = the best baseline at its defaults. An agent's `learned` line compares it with its own untrained "
+             "start. Incomplete runs are listed last and never chosen as references. `(= X)`: identical to X on "
+             "every test seed.", ""]
     notes = results.get("notes", {})
     for name, r in results["tasks"].items():
         t = r["task"]
         note = [f"Note: {notes[name]}.", ""] if name in notes else []
         tag = synthetic_note(r.get("workload_source"))
         lines += [f"## {name}{tag} ({t['label']}, {'lower' if t['lower_is_better'] else 'higher'} is better)", "",
-                  f"Best baseline: **{r['best_baseline']}** ({r['best_baseline_mean']:.4g}); best static tuning: "
-                  f"**{r['best_static_tuning']}** ({r['best_static_tuning_mean']:.4g}); fcfs {r['fcfs_mean']:.4g}.", "",
-                  *note, "| entrant | kind | mean ± 95% CI | std | paired vs best | normalised |", "|---|---|---|---|---|---|"]
+                  f"Information: **{r['information']}**. {t.get('why', '')}".rstrip() + ".", "",
+                  f"Hindsight {r['hindsight_mean']:.4g}; best static heuristic **{r['best_static']}** "
+                  f"({r['best_static_mean']:.4g}); best baseline **{r['best_baseline']}** ({r['best_baseline_mean']:.4g}); "
+                  f"fcfs {r['fcfs_mean']:.4g}; headroom {_pct(r['headroom'])}"
+                  + (" (no headroom)." if r.get("no_headroom") else "."), "",
+                  *note, "| entrant | kind | mean ± 95% CI | vs best baseline | vs best static | normalised |",
+                  "|---|---|---|---|---|---|"]
+        learned = []
         for row in r["rows"]:
-            paired = (f"{100 * row['paired_rel_vs_best']:+.1f}% ± {100 * row['paired_rel_ci95']:.1f}%"
-                      if np.isfinite(row.get("paired_rel_vs_best", math.nan)) else "-")
             ci = f" ± {row['ci95']:.3g}" if np.isfinite(row["ci95"]) else ""
             norm = f"{row['normalised'] + 0.0:.3f}" if np.isfinite(row.get("normalised", math.nan)) else "-"
             name_cell = row["name"] + ("" if row["complete"] else " (incomplete)")
             if "same_as" in row:
                 name_cell += f" (= {row['same_as']})"
-            lines.append(f"| {name_cell} | {row['kind']} | {row['mean']:.4g}{ci} | {row['std']:.3g} | {paired} | {norm} |")
+            lines.append(f"| {name_cell} | {row['kind']} | {row['mean']:.4g}{ci} | "
+                         f"{_paired_cell(row, 'paired_rel_vs_best', 'paired_rel_ci95', 'verdict_vs_best')} | "
+                         f"{_paired_cell(row, 'paired_rel_vs_static', 'paired_rel_static_ci95', 'verdict_vs_static')} "
+                         f"| {norm} |")
+            if "learned" in row:
+                x = row["learned"]
+                learned.append(f"* learned: {row['name']} vs its start: {100 * x['rel']:+.1f}% ± "
+                               f"{100 * x['ci95']:.1f}% ({x['verdict']})")
         lines.append("")
+        if learned:
+            lines += [*learned, ""]
         skipped = results.get("skipped", {}).get(name, {})
         if skipped:
             lines += ["Not scored on this task:", "", *(f"* {who}: {why}" for who, why in skipped.items()), ""]
@@ -378,14 +631,15 @@ def write_outputs(results: dict[str, Any], out: Path) -> None:
     except ImportError:  # the plot needs the rl extra
         return
     tasks = list(results["tasks"])
+    colors = {"agent": "tab:orange", "start": "tab:red", "static": "tab:green", "reference": "tab:grey"}
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.0), squeeze=False)
     for ax, name in zip(axes[0], tasks, strict=True):
-        rows = [r for r in results["tasks"][name]["rows"] if r["kind"] != "grid" and np.isfinite(r.get("normalised", math.nan))][:10]
+        rows = [r for r in results["tasks"][name]["rows"] if np.isfinite(r.get("normalised", math.nan))][:10]
         ax.barh([r["name"] for r in rows][::-1], [r["normalised"] for r in rows][::-1],
-                color=["tab:orange" if r["kind"] == "agent" else "tab:blue" for r in rows][::-1])
+                color=[colors.get(r["kind"], "tab:blue") for r in rows][::-1])
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.axvline(0.0, color="grey", lw=0.8)
-        ax.set_title(name, fontsize=10)
+        ax.set_title(f"{name} ({results['tasks'][name]['information']})", fontsize=10)
         ax.set_xlabel("normalised score (0 fcfs, 1 best baseline)")
         ax.tick_params(labelsize=8)
     fig.tight_layout()

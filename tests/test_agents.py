@@ -108,11 +108,15 @@ def test_agents_are_named_for_what_they_set():
     from agents.agent import describe_run
 
     tune = {"algo": "ppo", "timesteps": 60_000, "env_kwargs": {"action_mode": "tune", "tune": {"chunk_size": [32, 8192]}}}
-    assert describe_run(tune, "x") == "ppo (tune: sarathi chunk_size, 60k steps)"
+    assert describe_run(tune, "x") == "ppo tune: sarathi chunk_size, 60k steps"
     both = {"algo": "ppo", "timesteps": 500, "env_kwargs": {"action_mode": "tune", "base": {"name": "sarathi", "watermark": 0.02}}}
-    assert describe_run(both, "x") == "ppo (tune: sarathi chunk_size+max_num_seqs, 500 steps)"
+    assert describe_run(both, "x") == "ppo tune: sarathi chunk_size+max_num_seqs, 500 steps"
     assert describe_run({"algo": "maskable-ppo", "timesteps": 41_000, "bc": {"policy": "sarathi"}}, "x") == \
-        "maskable-ppo (bc: sarathi, 41k steps)"
+        "maskable-ppo select, bc: sarathi, 41k steps"
+    prio = {"algo": "ppo", "timesteps": 166_000,
+            "env_kwargs": {"action_mode": "priority", "order": "prompt", "budget": 256}}
+    assert describe_run(prio, "x") == "ppo priority/prompt-order budget 256, 166k steps"
+    assert describe_run(prio, "x", start=True) == "ppo priority/prompt-order budget 256, untrained start"
 
 
 def test_vecnormalize_names_follow_the_model_names(tmp_path):
