@@ -357,6 +357,8 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
         raise ValueError(f"task: unknown {unknown[0]!r}; allowed: {', '.join(by_name)}")
     seeds = list(seeds or (QUICK_TEST_SEEDS if quick else TEST_SEEDS))
     sims = hindsight_sims if hindsight_sims is not None else (QUICK_HINDSIGHT_SIMS if quick else HINDSIGHT_SIMS)
+    if isinstance(sims, bool) or not isinstance(sims, int) or not 0 <= sims <= 100_000:
+        raise ValueError(f"hindsight_sims: expected an integer in [0, 100000], got {sims!r}")
     refs = baselines if baselines is not None else [b for b in available() if b != "static"]
     results: dict[str, Any] = {"protocol": {"train_seeds": f"{TRAIN_SEEDS[0]}-{TRAIN_SEEDS[1]}",
                                             "validation_seed": VALIDATION_SEED, "test_seeds": seeds,

@@ -216,8 +216,14 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
     policies = [validate_spec(spec, "--policy") for spec in args.policy or []]
     check_output_dir(args.out, "--out")
     say = None if args.quiet else (lambda m: print(f"  {m}", flush=True))
+    seeds = None
+    if args.seeds:
+        from agents.report import parse_seeds
+
+        seeds = parse_seeds(args.seeds)
     results = run_benchmark(args.task, policies, args.agent, quick=args.quick, best_model=args.best, out=args.out,
-                            progress=say, settings=settings_from(args, progress=not args.quiet))
+                            progress=say, settings=settings_from(args, progress=not args.quiet),
+                            hindsight_sims=args.hindsight_sims, seeds=seeds)
     if not args.quiet:
         print(f"leaderboard: {Path(args.out) / 'leaderboard.md'} ({results['wall_s']:.0f}s)")
     return 0
@@ -309,7 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an extra (parameterised) policy to score (repeatable)")
     sp.add_argument("--agent", action="append", metavar="RUN_DIR", help="a trained agent to score (repeatable)")
     sp.add_argument("--best", action="store_true", help="agents: use best_model instead of model")
-    sp.add_argument("--quick", action="store_true", help="two tasks, small workloads, two seeds (CI)")
+    sp.add_argument("--quick", action="store_true",
+                    help="two tasks (azure-conv, jaillet-high), small workloads, two seeds, a reduced static family "
+                         "and a 12-simulation hindsight search (CI)")
+    sp.add_argument("--seeds", default=None, metavar="A-B",
+                    help="test seeds instead of the protocol's 100-109 (results then do not compare with others')")
+    sp.add_argument("--hindsight-sims", type=int, default=None, metavar="N",
+                    help="simulations per test workload of the hindsight search (default 120; 0: no reference)")
     sp.add_argument("--out", default="runs/benchmark", help="output folder")
     sp.add_argument("--quiet", action="store_true", help="print no progress")
     add_parallel_arguments(sp)

@@ -147,20 +147,28 @@ def console_table(r: dict[str, Any]) -> str:
     head = (f"{t['name']}{synthetic_note(r.get('workload_source'))}: {t['label']}, "
             f"{'lower' if t['lower_is_better'] else 'higher'} is better; {r['information']} lengths; "
             f"{len(r['rows'][0]['values'])} test seeds; headroom {_pct(r['headroom'])}")
-    lines = [head[:100], f"{'':<24} {'who':<26} {'mean':>10}  {'vs best static (paired)':<34}", "-" * 100]
+    lines = [head[:100]]
+    agent = rows.get("agent")
+    shown = {id(row): row["name"] for _, row in picked if row is not None}
+    if agent is not None and ", " in agent["name"]:  # the structure once, then what differs
+        structure = agent["name"].rsplit(", ", 1)[0]
+        lines.append(f"agent: {structure}"[:100])
+        for _, row in picked[3:]:
+            if row is not None and row["name"].startswith(structure + ", "):
+                shown[id(row)] = row["name"][len(structure) + 2:]
+    lines += [f"{'':<23} {'who':<40} {'mean':>10}  {'vs best static':<23}", "-" * 100]
     for what, row in picked:
         if row is None:
             continue
         vs = row.get("paired_rel_vs_static", math.nan)
-        paired = (f"{100 * vs:+6.1f}% ± {100 * row.get('paired_rel_static_ci95', math.nan):4.1f}% "
+        paired = (f"{100 * vs:+.1f}% ± {100 * row.get('paired_rel_static_ci95', math.nan):.1f}% "
                   f"{row.get('verdict_vs_static', '')}" if math.isfinite(vs) else "-")
-        lines.append(f"{what:<24} {row['name'][:26]:<26} {row['mean']:>10.1f}  {paired:<34}"[:100])
-    agent = rows.get("agent")
+        lines.append(f"{what:<23} {shown[id(row)][:40]:<40} {row['mean']:>10.1f}  {paired}"[:100])
     if agent is not None and "learned" in agent:
         x = agent["learned"]
         verdict = {"better": "training improved on the start",
                    "worse": "training made the policy worse than its start",
-                   "tie": "training added nothing measurable: the result is the start's (the structure's)"}
+                   "tie": "nothing measurable: the start's result"}
         lines.append(f"learned (trained vs start): {100 * x['rel']:+.1f}% ± {100 * x['ci95']:.1f}%: "
                      f"{verdict.get(x['verdict'], x['verdict'])}"[:100])
     return "\n".join(lines)

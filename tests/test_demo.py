@@ -1,5 +1,6 @@
-"""The main job (``python -m llmsched_gym.demo``) in its quick form: it trains, evaluates, and says
-where the agent stands against the best baselines, on the mean and on the tail."""
+"""The main job (``python -m llmsched_gym.demo``) in its quick form: it trains with the scenario's
+recipe, scores the agent as the benchmark does, beside its untrained start and the references, and
+says what training added."""
 
 from __future__ import annotations
 
@@ -13,18 +14,27 @@ pytest.importorskip("sb3_contrib")
 from llmsched_gym.demo import main  # noqa: E402
 
 
-def test_quick_demo_prints_paired_differences_on_the_mean_and_the_tail(tmp_path, capsys):
-    assert main(["--quick", "--out", str(tmp_path / "demo")]) == 0
+def test_quick_demo_prints_the_references_the_start_and_what_training_added(tmp_path, capsys):
+    assert main(["--quick", "--out", str(tmp_path / "demo"), "--jobs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "[1/3] training PPO in priority mode on azure-conv" in out
-    paired = re.findall(r"^  vs (\S+) .* ms -> .* ms +[+-]\d+\.\d% ± \d+\.\d%  (better|worse|tie \(CI includes 0\))$",
-                        out, flags=re.M)
-    assert len(paired) >= 3  # the quick demo's three baselines, then the best static tuning
-    assert re.search(r"^  P99 TTFT \(ms\) vs \S+ .* ms -> .* ms", out, flags=re.M)
-    results = json.loads((tmp_path / "demo" / "eval" / "results.json").read_text())
-    agent, pairs = next(iter(results["paired"].items()))
-    assert agent.startswith("ppo (") and pairs[0]["baseline"] == paired[0][0]  # best baseline first
-    # a verdict that is not "better" is said in words, never left to the reader
-    for name, verdict in paired:
-        if verdict != "better" and name == pairs[0]["baseline"]:
-            assert f"the agent does not beat the best baseline ({name})" in out
+    assert "[1/2] training ppo on azure-conv with its recipe (agents/hyperparams/ppo.yml, entry azure-conv;" in out
+    # the console table fits 100 columns and names the five rows
+    table = out[out.index("[2/2]"):out.index("total ")].splitlines()[1:]
+    assert all(len(line) <= 100 for line in table)
+    for role in ("hindsight (reference)", "best static heuristic", "best baseline", "agent's untrained start",
+                 "agent "):
+        assert any(line.startswith(role) for line in table), role
+    learned = re.search(r"^learned \(trained vs start\): ([+-]\d+\.\d)% ± (\d+\.\d)%: (.*)$", out, flags=re.M)
+    assert learned is not None
+    res = json.loads((tmp_path / "demo" / "benchmark" / "results.json").read_text())
+    r = res["tasks"]["azure-conv"]
+    agent = next(row for row in r["rows"] if row["kind"] == "agent")
+    start = next(row for row in r["rows"] if row["kind"] == "start")
+    assert agent["start"] == start["name"] and start["name"].endswith("untrained start")
+    assert agent["name"].startswith("ppo priority/") and r["information"] == "predicted"
+    assert f"agent: {agent['name'].rsplit(', ', 1)[0]}" in table
+    # what the table says training added is the paired difference in results.json, said in words
+    assert float(learned.group(1)) == pytest.approx(100 * agent["learned"]["rel"], abs=0.051)
+    if agent["learned"]["verdict"] == "tie":
+        assert learned.group(3) == "nothing measurable: the start's result"
+    assert (tmp_path / "demo" / "train" / "start.json").exists()
