@@ -506,6 +506,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         callbacks.append(RichProgressCallback(score))
     total = int(hp["n_timesteps"])
     remaining = total - model.num_timesteps if cfg.resume else total
+    if not cfg.resume:
+        # the untrained starting policy (action bias, clone): the benchmark scores it beside the agent,
+        # so that learning is credited only with what training added
+        save("start")
     t_learn = time.perf_counter()
     if remaining > 0:
         model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=not cfg.resume,
