@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seeds", default=None, metavar="A-B",
                     help="test seeds instead of the protocol's 100-109 (results then do not compare with others')")
     sp.add_argument("--hindsight-sims", type=int, default=None, metavar="N",
-                    help="simulations per test workload of the hindsight search (default 120; 0: no reference)")
+                    help="simulations per test workload of the hindsight search (default 60; 0: no reference)")
     sp.add_argument("--out", default="runs/benchmark", help="output folder")
     sp.add_argument("--quiet", action="store_true", help="print no progress")
     add_parallel_arguments(sp)
