@@ -85,6 +85,12 @@ def test_the_protocol_has_ten_test_seeds_and_labelled_information():
         assert t.information in ("clairvoyant", "predicted", "blind") and t.why
         if t.trained_on is not None:  # generalisation: scored with the static heuristic of the agent's task
             assert by_name[t.trained_on].scenario == t.scenario and by_name[t.trained_on].trained_on is None
+    # the declared model is the one the task's scenario and overrides give (what the env and policies read)
+    from llmsched_gym.core.information import information_of
+    from llmsched_gym.core.scenarios import get_scenario
+
+    for t in TASKS:
+        assert information_of(get_scenario(t.scenario, t.overrides)) == t.information, t.name
     # real serving is never clairvoyant, except as a labelled upper reference
     assert by_name["azure-conv"].information == "predicted"
     assert by_name["azure-conv-blind"].information == "blind"

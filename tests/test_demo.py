@@ -17,7 +17,8 @@ from llmsched_gym.demo import main  # noqa: E402
 def test_quick_demo_prints_the_references_the_start_and_what_training_added(tmp_path, capsys):
     assert main(["--quick", "--out", str(tmp_path / "demo"), "--jobs", "1"]) == 0
     out = capsys.readouterr().out
-    assert "[1/2] training ppo on azure-conv with its recipe (agents/hyperparams/ppo.yml, entry azure-conv;" in out
+    assert "[1/2] training on azure-conv" in out and "exactly what `llmsched train --scenario azure-conv` trains" in out
+    assert "recipe: agents/hyperparams/ppo.yml, entry azure-conv (over default): ppo" in out
     # the console table fits 100 columns and names the five rows
     table = out[out.index("[2/2]"):out.index("total ")].splitlines()[1:]
     assert all(len(line) <= 100 for line in table)
