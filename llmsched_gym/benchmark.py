@@ -445,7 +445,7 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
                                                                    seeds[0])[0].meta.get("workload_source")
         if progress:
             r = results["tasks"][name]
-            progress(f"{name} ({task.information}): hindsight {r['hindsight_mean']:.4g}, best static heuristic "
+            progress(f"{name}{synthetic_note(r.get('workload_source'))} ({task.information}): hindsight {r['hindsight_mean']:.4g}, best static heuristic "
                      f"{r['best_static']} {r['best_static_mean']:.4g}, best baseline {r['best_baseline']} "
                      f"{r['best_baseline_mean']:.4g}, headroom {_pct(r['headroom'])}")
     results["wall_s"] = time.perf_counter() - t0
