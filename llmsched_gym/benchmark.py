@@ -259,7 +259,7 @@ def hindsight_cell(args: tuple) -> tuple[float, dict[str, Any]]:
 
     task, seed, overrides, start, sims = args
     r = hindsight(task.scenario, overrides, seed, task.metric, task.lower_is_better, start=start, sims=sims)
-    return r.value, {"n_sims": r.n_sims, "wall_s": r.wall_s, "start_value": r.start_value,
+    return r.value, {"n_sims": r.n_sims, "wall_time_s": r.wall_s, "start_value": r.start_value,
                      "spec": {k: v for k, v in r.spec.items() if k != "priority"}}
 
 

@@ -19,15 +19,19 @@ def _recipe(**kw):
 
 
 def test_the_recipe_names_the_file_entry_algorithm_and_mode_and_where_each_came_from():
-    r = _recipe(scenario="azure-conv")  # no --action-mode: maskable_ppo.yml decides
+    # no --action-mode: maskable_ppo.yml's entry names the priority mode, so ppo.yml's entry (the main job's) applies
+    r = _recipe(scenario="azure-conv")
     assert {k: r[k] for k in ("file", "entry", "algo", "algo_from", "action_mode", "action_mode_from")} == {
-        "file": "agents/hyperparams/maskable_ppo.yml", "entry": "azure-conv", "algo": "maskable-ppo",
-        "algo_from": "the action mode", "action_mode": "select", "action_mode_from": "the file's default entry"}
+        "file": "agents/hyperparams/ppo.yml", "entry": "azure-conv", "algo": "ppo",
+        "algo_from": "the action mode", "action_mode": "priority", "action_mode_from": "the file's azure-conv entry"}
+    r = _recipe(scenario="jaillet-low")  # an entry without a mode: the default's (select, MaskablePPO)
+    assert (r["file"], r["algo"], r["action_mode"], r["action_mode_from"]) == (
+        "agents/hyperparams/maskable_ppo.yml", "maskable-ppo", "select", "the file's default entry")
     r = _recipe(scenario="azure-conv", env_kwargs={"action_mode": "priority"})
     assert (r["file"], r["entry"], r["algo"], r["action_mode_from"]) == (
         "agents/hyperparams/ppo.yml", "azure-conv", "ppo", "--action-mode")
     r = _recipe(scenario="vtc-arena")
-    assert (r["action_mode"], r["action_mode_from"], r["bc_from"]) == ("meta", "the file's vtc-arena entry", "vtc-oracle")
+    assert (r["action_mode"], r["action_mode_from"], r["bc_from"]) == ("meta", "the file's vtc-arena entry", "vtc")
     r = _recipe(scenario="klpm-toy", algo="ppo", env_kwargs={"action_mode": "knob"}, timesteps=512)
     assert (r["entry"], r["algo_from"], r["timesteps"]) == ("default", "--algo", 512)
     assert recipe_line(r) == ("recipe: agents/hyperparams/ppo.yml, entry default: ppo (from --algo), action mode knob "
