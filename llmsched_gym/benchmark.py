@@ -131,6 +131,13 @@ TASKS: tuple[Task, ...] = (
          "fairness.tick_diff.max", True, "max per-tick service difference", "predicted", {"workload.n_requests": 150},
          why="per-client fairness on the Chatbot Arena trace (Sheng et al. 2024), lengths predicted (VTC's "
              "memory reservation reads them; the paper's oracle variant is not applicable)"),
+    # tasks with measured headroom over the best static heuristic (>= 10% on their first measurement)
+    Task("azure-conv-tail", "azure-conv", _AZ, "serving.p99_ttft_ms", True, "P99 TTFT (ms)", "predicted", _AZ_QUICK,
+         why="the azure-conv service scored on its tail: which request waits is the whole game"),
+    Task("azure-conv-tight-kv", "azure-conv", {**_AZ, "engine.kv_capacity_tokens": 24000}, *_E2EL, "predicted",
+         {**_AZ_QUICK, "engine.kv_capacity_tokens": 24000},
+         why="the azure-conv service with a fifth of the KV cache (a smaller GPU, a longer-context model): "
+             "admission and preemption choices decide"),
     # generalisation: an azure-conv agent on workloads it never saw
     Task("azure-conv-load0.7", "azure-conv", {**_AZ, "workload.trace.time_scale": 1 / 0.7}, *_E2EL, "predicted",
          _AZ_QUICK, trained_on="azure-conv", why="generalisation: the azure-conv service at 0.7x its load"),
