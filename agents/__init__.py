@@ -1,1 +1,1 @@
-"""PPO agents for LLMSched-v0: training, evaluation against the baselines, imitation warm start."""
+"""PPO agents for LLMSched-v1: training, evaluation against the baselines, imitation warm start."""

@@ -3,7 +3,7 @@
 A run folder (``runs/train/NAME``) holds ``model.json`` + ``model.safetensors`` (and the
 ``best_model`` pair; :mod:`agents.storage`: weights, normalisation statistics and settings, loaded
 without unpickling) and ``run.json`` (algorithm, env settings, seeds). :func:`run_episode` drives
-``LLMSched-v0`` with the agent on one seed until the workload is served, passing the action masks
+``LLMSched-v1`` with the agent on one seed until the workload is served, passing the action masks
 at every prediction, and returns the same summary/requests/iterations triple as ``simulate()``.
 """
 
@@ -26,12 +26,12 @@ from agents.storage import (
     restore_vecnormalize,
 )
 
-ENV_ID = "llmsched_gym:LLMSched-v0"
+ENV_ID = "llmsched_gym:LLMSched-v1"
 
 
 def make_env(scenario: str, env_kwargs: dict[str, Any], overrides: dict[str, Any] | None = None,
              max_episode_steps: int | None = None):
-    """``gymnasium.make`` of ``LLMSched-v0`` with the scenario, its ``--set`` overrides and the
+    """``gymnasium.make`` of ``LLMSched-v1`` with the scenario, its ``--set`` overrides and the
     env settings; ``max_episode_steps=None`` keeps the env's own default."""
     import gymnasium as gym
 

@@ -138,7 +138,7 @@ def add_subcommands(sub: Any) -> None:
     from llmsched_gym.cli import HelpFormatter
 
     from_file = "(default: the hyperparameter file's entry for the scenario)"
-    sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v0", formatter_class=HelpFormatter)
+    sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v1", formatter_class=HelpFormatter)
     sp.add_argument("--scenario", default="jaillet-low", help="scenario to train on (`llmsched list`)")
     sp.add_argument("--name", default=None, help="run name (default: SCENARIO-MODE-sSEED)")
     sp.add_argument("--out", default="runs/train", help="parent folder of the run folder")

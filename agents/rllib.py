@@ -1,4 +1,4 @@
-"""Ray RLlib PPO (new API stack) on ``LLMSched-v0``, with action masking; the trained policy is an agent
+"""Ray RLlib PPO (new API stack) on ``LLMSched-v1``, with action masking; the trained policy is an agent
 ``llmsched evaluate`` plays like the Stable-Baselines3 ones.
 
 Masking follows RLlib's action-masking example (``ActionMaskingTorchRLModule`` in
@@ -41,7 +41,7 @@ from ray.rllib.utils.torch_utils import FLOAT_MIN
 from agents.agent import Agent, describe_run
 from agents.storage import RLLIB_FORMAT, AgentFileError, build_space, describe_space
 
-ENV_NAME = "LLMSched-v0-masked"
+ENV_NAME = "LLMSched-v1-masked"
 
 
 class MaskedObservation(gym.ObservationWrapper):

@@ -1,4 +1,4 @@
-"""Train a PPO agent on ``LLMSched-v0`` (``llmsched train``), top to bottom:
+"""Train a PPO agent on ``LLMSched-v1`` (``llmsched train``), top to bottom:
 
 1. settings: :class:`TrainConfig` (command line) over the scenario's entry of
    ``agents/hyperparams/{maskable_ppo,ppo}.yml`` (rl-zoo layout);

@@ -1,4 +1,4 @@
-"""Train LLMSched-v0 with Ray RLlib's PPO (new API stack, masked actions), then evaluate it.
+"""Train LLMSched-v1 with Ray RLlib's PPO (new API stack, masked actions), then evaluate it.
 
     pip install -e ".[rl,rllib]"
     python examples/rllib_ppo.py --iterations 20 --env-runners 2 --set workload.n_requests=200

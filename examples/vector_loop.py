@@ -1,4 +1,4 @@
-"""A CleanRL-style rollout loop on LLMSched-v0: Gymnasium's vector env, its episode statistics
+"""A CleanRL-style rollout loop on LLMSched-v1: Gymnasium's vector env, its episode statistics
 wrapper, and the action masks from ``infos``; the policy here draws a random valid action.
 
     python examples/vector_loop.py --num-envs 4 --steps 2000
@@ -17,7 +17,7 @@ import sys
 import gymnasium as gym
 import numpy as np
 
-import llmsched_gym  # noqa: F401  (registers LLMSched-v0)
+import llmsched_gym  # noqa: F401  (registers LLMSched-v1)
 from llmsched_gym.config import ConfigError, parse_sets
 
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         overrides = parse_sets(args.set) or {"workload.n_requests": 200}
-        envs = gym.make_vec("llmsched_gym:LLMSched-v0", num_envs=args.num_envs, vectorization_mode="sync",
+        envs = gym.make_vec("llmsched_gym:LLMSched-v1", num_envs=args.num_envs, vectorization_mode="sync",
                             scenario=args.scenario, overrides=overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

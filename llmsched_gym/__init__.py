@@ -37,7 +37,7 @@ def make_scenario(name: str, seed: int = 0, overrides: dict[str, Any] | None = N
     return build_scenario(get_scenario(name, overrides), seed)
 
 
-# gymnasium.make("llmsched_gym:LLMSched-v0") imports this package, which registers the ids
+# gymnasium.make("llmsched_gym:LLMSched-v1") imports this package, which registers the ids
 register_envs()
 
 __all__ = ["SimResult", "__version__", "make_scenario", "register_envs", "simulate"]

@@ -224,7 +224,7 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
             steps = 5_000 if quick else 50_000
             runs = {sc: {**bench_env(sc, steps=steps), **what_runs(sc)} for sc in ENV_SCENARIOS}
             report["env"] = runs
-            t = Table(title=f"env: LLMSched-v0 default mode (select), random masked actions, {steps:,} steps, one core")
+            t = Table(title=f"env: LLMSched-v1 default mode (select), random masked actions, {steps:,} steps, one core")
             keys = ("n_requests", "episodes", "iterations", "requests_completed", "wall_s", "steps_per_s",
                     "steps_per_cpu_s")
             t.add_column("metric")

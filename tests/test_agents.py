@@ -318,7 +318,7 @@ def test_action_bias_starts_a_box_policy_exactly_at_that_mean_action():
 
     from agents.train import set_action_bias
 
-    env = gym.make("llmsched_gym:LLMSched-v0", scenario="azure-conv", action_mode="priority", order="shortest",
+    env = gym.make("llmsched_gym:LLMSched-v1", scenario="azure-conv", action_mode="priority", order="shortest",
                    K=8, budget=256, overrides={"workload.n_requests": 30})
     model = PPO("MultiInputPolicy", env, seed=0, device="cpu", n_steps=64)
     set_action_bias(model, 0.5)
@@ -333,6 +333,6 @@ def test_action_bias_starts_a_box_policy_exactly_at_that_mean_action():
         obs, *_ = env.step(action)
     with pytest.raises(ValueError, match=r"action_bias: expected a number or 8 numbers, each in \[-1, 1\]"):
         set_action_bias(model, [0.5, 0.2])
-    masked = gym.make("llmsched_gym:LLMSched-v0", scenario="azure-conv", overrides={"workload.n_requests": 30})
+    masked = gym.make("llmsched_gym:LLMSched-v1", scenario="azure-conv", overrides={"workload.n_requests": 30})
     with pytest.raises(ValueError, match="action_bias: only for Box"):
         set_action_bias(PPO("MultiInputPolicy", masked, device="cpu", n_steps=64), 0.5)

@@ -126,17 +126,17 @@ def test_scenario_argument_of_wrong_type_is_one_line():
     import llmsched_gym  # noqa: F401 (registers the env)
 
     with pytest.raises(ConfigError, match=r"^scenario: expected a name \(llmsched list\), a .yml file or a mapping, got 123$"):
-        gym.make("LLMSched-v0", scenario=123)
+        gym.make("LLMSched-v1", scenario=123)
     with pytest.raises(ConfigError, match=r"^engine.kv_capacity_tokens: expected an integer >= 1, got 'a'$"):
-        gym.make("LLMSched-v0", scenario="jaillet-low", overrides={"engine.kv_capacity_tokens": "a"})
+        gym.make("LLMSched-v1", scenario="jaillet-low", overrides={"engine.kv_capacity_tokens": "a"})
     with pytest.raises(ConfigError, match=r"^overrides: expected a mapping"):
-        gym.make("LLMSched-v0", scenario="jaillet-low", overrides=["engine.block_size=16"])
+        gym.make("LLMSched-v1", scenario="jaillet-low", overrides=["engine.block_size=16"])
     with pytest.raises(ConfigError, match=r"^flat: expected true or false, got 'no'$"):
-        gym.make("LLMSched-v0", scenario="jaillet-low", flat="no")
+        gym.make("LLMSched-v1", scenario="jaillet-low", flat="no")
     with pytest.raises(ConfigError, match=r"^K: must be an integer in \[1, 4096\] \(the observation holds K slots\), got True$"):
-        gym.make("LLMSched-v0", scenario="jaillet-low", K=True)
+        gym.make("LLMSched-v1", scenario="jaillet-low", K=True)
     with pytest.raises(ConfigError, match=r"^n_requests: expected an integer >= 0, got 'many'$"):
-        gym.make("LLMSched-v0", scenario="jaillet-low", n_requests="many")
+        gym.make("LLMSched-v1", scenario="jaillet-low", n_requests="many")
 
 
 def test_complex_priority_action_is_invalid_not_truncated():
@@ -144,7 +144,7 @@ def test_complex_priority_action_is_invalid_not_truncated():
 
     from llmsched_gym.env.actions import InvalidActionError
 
-    env = gym.make("LLMSched-v0", scenario="jaillet-low", action_mode="priority", n_requests=20, K=4,
+    env = gym.make("LLMSched-v1", scenario="jaillet-low", action_mode="priority", n_requests=20, K=4,
                    invalid_action="raise")
     env.reset(seed=0)
     with pytest.raises(InvalidActionError, match="is not numeric"):
@@ -458,7 +458,7 @@ def test_env_accepts_a_scenario_file(tmp_path):
 
     path = tmp_path / "tiny.yml"
     path.write_text(scenario_yaml(get_scenario("jaillet-low", {"workload.n_requests": 30})))
-    env = gym.make("LLMSched-v0", scenario=str(path), action_mode="select")
+    env = gym.make("LLMSched-v1", scenario=str(path), action_mode="select")
     env.reset(seed=0)
     assert env.unwrapped._spec["name"] == "tiny" and env.unwrapped._spec["workload"]["n_requests"] == 30
 

@@ -1,4 +1,4 @@
-"""LLMSched-v0: decision epochs, masks, admission rules, rewards, determinism, baselines through the env."""
+"""LLMSched-v1: decision epochs, masks, admission rules, rewards, determinism, baselines through the env."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def drive_with_expert(env, seed):
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_every_scenario_runs_an_episode_through_gymnasium_make(scenario):
-    env = gym.make("llmsched_gym:LLMSched-v0", scenario=scenario, overrides=SMALL[scenario])
+    env = gym.make("llmsched_gym:LLMSched-v1", scenario=scenario, overrides=SMALL[scenario])
     rng = np.random.default_rng(0)
     steps, _, _, info = random_episode(env.unwrapped, rng)
     s = info["summary"]
@@ -108,7 +108,7 @@ def test_import_registers_both_ids_and_stays_light():
 
     code = ("import sys, llmsched_gym, gymnasium as gym; "
             "print(sorted(m for m in ('torch', 'stable_baselines3', 'sb3_contrib', 'matplotlib') if m in sys.modules)); "
-            "print(gym.spec('LLMSched-v0').entry_point, gym.spec('LLMSchedGPU-v0').nondeterministic)")
+            "print(gym.spec('LLMSched-v1').entry_point, gym.spec('LLMSchedGPU-v1').nondeterministic)")
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_import_registers_both_ids_and_stays_light():
 
 
 def test_max_episode_steps_truncates():
-    env = gym.make("llmsched_gym:LLMSched-v0", scenario="jaillet-high", n_requests=200, max_episode_steps=5)
+    env = gym.make("llmsched_gym:LLMSched-v1", scenario="jaillet-high", n_requests=200, max_episode_steps=5)
     env.reset(seed=0)
     for _ in range(4):
         _, _, term, trunc, _ = env.step(env.unwrapped.K)

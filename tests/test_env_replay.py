@@ -1,6 +1,6 @@
 """The env is a superset of the baselines: every baseline's plan is an action (exact expert replay).
 
-Driving ``LLMSched-v0`` with ``expert_action()`` of a policy must give the summary ``simulate()``
+Driving ``LLMSched-v1`` with ``expert_action()`` of a policy must give the summary ``simulate()``
 gives for that policy (wall time aside): in the default ``select`` mode for the engine and paper
 policies whose plans are preemptions, admissions and a token budget, and in ``meta`` mode for
 every registered policy.

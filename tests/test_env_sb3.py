@@ -1,4 +1,4 @@
-"""LLMSched-v0 with Gymnasium's and Stable-Baselines3's checkers, vectorised envs and MaskablePPO."""
+"""LLMSched-v1 with Gymnasium's and Stable-Baselines3's checkers, vectorised envs and MaskablePPO."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from sb3_contrib.common.maskable.evaluation import evaluate_policy  # noqa: E402
 from stable_baselines3.common.env_checker import check_env as sb3_check_env  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize  # noqa: E402
 
-ENV_ID = "llmsched_gym:LLMSched-v0"
+ENV_ID = "llmsched_gym:LLMSched-v1"
 SCENARIOS = {
     "jaillet-high": {"workload.n_requests": 40},
     "echo-hybrid": {"workload.n_requests": 15, "workload.classes.offline.n_requests": 10},
@@ -116,7 +116,7 @@ def test_plain_ppo_with_defaults_runs_and_logs_episode_returns(mode):
 
 
 def test_registration_sets_a_step_limit():
-    assert gym.spec("LLMSched-v0").max_episode_steps == 1_000_000
+    assert gym.spec("LLMSched-v1").max_episode_steps == 1_000_000
     env = gym.make(ENV_ID, scenario="jaillet-high", n_requests=10)
     assert env.spec.max_episode_steps == 1_000_000
 

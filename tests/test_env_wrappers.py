@@ -1,4 +1,4 @@
-"""LLMSched-v0 under Gymnasium's standard wrappers and vector envs, as CleanRL-style code uses it.
+"""LLMSched-v1 under Gymnasium's standard wrappers and vector envs, as CleanRL-style code uses it.
 
 The env keeps its episode statistics under ``info["episode_stats"]`` and leaves ``info["episode"]``
 to ``RecordEpisodeStatistics`` (which refuses to overwrite it) and SB3's ``Monitor``.
@@ -12,7 +12,7 @@ import pytest
 
 import llmsched_gym  # noqa: F401  (registers the ids)
 
-ENV_ID = "llmsched_gym:LLMSched-v0"
+ENV_ID = "llmsched_gym:LLMSched-v1"
 SMALL = {"scenario": "jaillet-high", "K": 8, "overrides": {"workload.n_requests": 12}}
 
 

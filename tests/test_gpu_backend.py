@@ -284,7 +284,7 @@ def test_the_gpu_env_and_commands_say_so_in_one_line_without_a_gpu(no_gpu, tmp_p
     from llmsched_gym.cli import main
     from llmsched_gym.config import ConfigError
 
-    env = gym.make("LLMSchedGPU-v0", n_requests=5)
+    env = gym.make("LLMSchedGPU-v1", n_requests=5)
     with pytest.raises(ConfigError, match="gpu:llama-3-8b: no CUDA GPU found"):
         env.reset(seed=0)
     log = tmp_path / "it.csv"

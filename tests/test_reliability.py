@@ -272,4 +272,4 @@ def test_seed_lists_and_queue_slots_are_bounded():
         parse_seeds("0-1000000000")
     assert parse_seeds("0-9999") == list(range(10_000))
     with pytest.raises(ConfigError, match=r"^K: must be an integer in \[1, 4096\]"):
-        gym.make("llmsched_gym:LLMSched-v0", scenario="jaillet-low", K=10**7)
+        gym.make("llmsched_gym:LLMSched-v1", scenario="jaillet-low", K=10**7)

@@ -1,4 +1,4 @@
-"""Ray RLlib PPO on LLMSched-v0: masked actions, two training iterations into a relative --out, the policy
+"""Ray RLlib PPO on LLMSched-v1: masked actions, two training iterations into a relative --out, the policy
 evaluated against fcfs through a relative --model; RLlib agent files load without unpickling anything
 (a crafted ``rl_module/`` checkpoint creates no marker unless ``--trust-model`` is given)."""
 

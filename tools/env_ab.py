@@ -1,4 +1,4 @@
-"""Same-process A/B of ``LLMSched-v0`` env steps: the working tree against an earlier commit.
+"""Same-process A/B of ``LLMSched-v1`` env steps: the working tree against an earlier commit.
 
 On a shared or virtualised machine the speed of one process drifts by 20% or more between runs,
 even in CPU seconds, so two separate ``llmsched bench --only env`` runs cannot tell a 1.2x change

@@ -1,4 +1,4 @@
-"""Fingerprints of ``LLMSched-v0`` episodes, to prove that a speed change changed nothing else.
+"""Fingerprints of ``LLMSched-v1`` episodes, to prove that a speed change changed nothing else.
 
 For each of 63 configurations (7 scenarios x 9 settings: admission rules, slot order, paged KV,
 swap preemption, ``max_num_seqs``, ``meta`` and ``priority`` modes), 1,500 seeded steps (random
@@ -56,9 +56,9 @@ def fingerprint(scenario: str, setting: dict, steps: int = 1500) -> str:
         h.update(repr(sorted(info["reward_components"].items())).encode())
         h.update(repr((info["invalid_actions"], info["clock_s"])).encode())
         if "summary" in info:
-            # latency_model: a label added later, which would make every older revision differ
+            # latency_model, information, env: labels added later, which would make every older revision differ
             h.update(repr(sorted((k, v) for k, v in info["summary"].items()
-                                 if k not in ("wall_time_s", "latency_model"))).encode())
+                                 if k not in ("wall_time_s", "latency_model", "information", "env"))).encode())
 
     add(obs, 0.0, info)
     for _ in range(steps):

@@ -93,10 +93,10 @@ def cases(d: Path) -> list[tuple[str, str, list[str]]]:
     t.append(("traceback", "`benchmark --out` an existing file",
               ["llmsched", "benchmark", "--quick", "--out", str(d / "file")]))
     t.append(("traceback", "`gym.make(..., scenario=123)`",
-              _api("import gymnasium as gym\ngym.make('llmsched_gym:LLMSched-v0', scenario=123)")))
+              _api("import gymnasium as gym\ngym.make('llmsched_gym:LLMSched-v1', scenario=123)")))
     t.append(("traceback", "`gym.make(..., overrides={\"engine.kv_capacity_tokens\": \"a\"})`",
               _api("import gymnasium as gym\n"
-                   "gym.make('llmsched_gym:LLMSched-v0', overrides={'engine.kv_capacity_tokens': 'a'})")))
+                   "gym.make('llmsched_gym:LLMSched-v1', overrides={'engine.kv_capacity_tokens': 'a'})")))
     t.append(("traceback", "non-UTF-8 trace bytes", ["llmsched", "run", "--scenario", f"trace:csv:{d}/latin1.csv"]))
 
     s = [("silent", "`--set engine.prefill_emits_token=maybe`", run("--set", "engine.prefill_emits_token=maybe")),
@@ -109,14 +109,14 @@ def cases(d: Path) -> list[tuple[str, str, list[str]]]:
     s.append(("silent", "`train --hp gamma=1.5`", ["llmsched", *TRAIN, "--hp", "gamma=1.5", "--out", str(d / "tr")]))
     s.append(("silent", "a duplicated CSV column", ["llmsched", "run", "--scenario", f"trace:csv:{d}/dup.csv"]))
     s.append(("silent", "a trace arrival of 1e300", ["llmsched", "run", "--scenario", f"trace:csv:{d}/far.csv"]))
-    s.append(("silent", "`gym.make(..., K=True)`", _api("import gymnasium as gym\ngym.make('llmsched_gym:LLMSched-v0', K=True)")))
+    s.append(("silent", "`gym.make(..., K=True)`", _api("import gymnasium as gym\ngym.make('llmsched_gym:LLMSched-v1', K=True)")))
     s.append(("silent", "`train --K true`", ["llmsched", *TRAIN, "--K", "true", "--out", str(d / "tr")]))
     s.append(("silent", "hyperparameter file `default: {env_kwargs: {K: true}}`",
               ["llmsched", *TRAIN, "--hyperparams", str(d / "hp_k.yml"), "--out", str(d / "tr")]))
     s.append(("silent", "`gym.make(..., flat='no')`",
-              _api("import gymnasium as gym\ngym.make('llmsched_gym:LLMSched-v0', flat='no')")))
+              _api("import gymnasium as gym\ngym.make('llmsched_gym:LLMSched-v1', flat='no')")))
     step = ("import gymnasium as gym, numpy as np\n"
-            "env = gym.make('llmsched_gym:LLMSched-v0', scenario='jaillet-low', action_mode='priority', K=4{})\n"
+            "env = gym.make('llmsched_gym:LLMSched-v1', scenario='jaillet-low', action_mode='priority', K=4{})\n"
             "env.reset(seed=0)\ninfo = env.step(np.full(4, 1 + 2j))[-1]\n"
             "print('invalid_actions', info['invalid_actions'], '(a no-op, penalised)')")
     s.append(("silent-run", "a complex action in priority mode (`env.step(np.full(K, 1+2j))`, default `invalid_action='noop'`)",
@@ -295,7 +295,7 @@ def cases30(d: Path) -> list[tuple[str, str, list[str]]]:
         out.append(("tb" if name != "ag_steps" else "res", label,
                     [*py, "evaluate", "--model", _edited_agent(d, name, edit), *ev, "--out", str(d / f"ev_{name}")]))
     out += [("res", "`gym.make(..., K=10**7)`",
-             _api("import gymnasium as gym\nenv = gym.make('llmsched_gym:LLMSched-v0', scenario='jaillet-low', K=10**7, "
+             _api("import gymnasium as gym\nenv = gym.make('llmsched_gym:LLMSched-v1', scenario='jaillet-low', K=10**7, "
                   "overrides={'workload.n_requests': 50})\nenv.reset(seed=0)\nprint('reset done')")),
             ("res", "`compare --seeds 0-1000000000`",
              [*py, "compare", *ev[:4], "--seeds", "0-1000000000", *ev[6:], "--policies", "fcfs", "--out", str(d / "cs")]),

@@ -1,4 +1,4 @@
-"""Memory soak of ``LLMSched-v0``: random masked steps for a long time, the RSS every 50k steps.
+"""Memory soak of ``LLMSched-v1``: random masked steps for a long time, the RSS every 50k steps.
 
 A leak shows as an RSS that keeps climbing after the first few episodes (the allocator's pools
 are warm by then); a flat curve (within a few percent after 50k steps) means episodes free what
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-requests", type=int, default=2000, help="requests per episode")
     p.add_argument("--every", type=int, default=50_000, help="steps between RSS readings")
     args = p.parse_args(argv)
-    env = gym.make("llmsched_gym:LLMSched-v0", scenario=args.scenario, n_requests=args.n_requests)
+    env = gym.make("llmsched_gym:LLMSched-v1", scenario=args.scenario, n_requests=args.n_requests)
     rng = np.random.default_rng(0)
     env.reset(seed=0)
     t0, episodes, first = time.perf_counter(), 0, None

@@ -1,14 +1,20 @@
-"""The Gymnasium environment ``LLMSched-v0`` (see :class:`~llmsched_gym.env.llmsched_env.LLMSchedEnv`).
+"""The Gymnasium environment ``LLMSched-v1`` (see :class:`~llmsched_gym.env.llmsched_env.LLMSchedEnv`).
 
 ``import llmsched_gym`` calls :func:`register_envs`, so
-``gymnasium.make("llmsched_gym:LLMSched-v0", scenario=..., action_mode=..., reward=...)`` works. This
+``gymnasium.make("llmsched_gym:LLMSched-v1", scenario=..., action_mode=..., reward=...)`` works. This
 module imports only gymnasium's registry; the env itself loads on ``make``.
+
+``LLMSched-v0`` is retired (the class docstring's version history says what changed): only v1 is
+registered, so ``gymnasium.make("LLMSched-v0")`` raises Gymnasium's one-line ``DeprecatedEnv``
+error, "Environment version v0 for `LLMSched` is deprecated. Please use `LLMSched-v1` instead."
 """
 
 from __future__ import annotations
 
-ENV_ID = "LLMSched-v0"
-GPU_ENV_ID = "LLMSchedGPU-v0"
+ENV_VERSION = 1
+"""The env's version (Gymnasium's ``-vN`` suffix); summaries and ``info`` name it."""
+ENV_ID = f"LLMSched-v{ENV_VERSION}"
+GPU_ENV_ID = f"LLMSchedGPU-v{ENV_VERSION}"
 ENTRY_POINT = "llmsched_gym.env.llmsched_env:LLMSchedEnv"
 MAX_EPISODE_STEPS = 1_000_000
 """The registered step limit: a safety net far above any scenario's episode (the engine's own
@@ -16,9 +22,9 @@ horizon, iteration cap and loop detector end episodes first); ``max_episode_step
 
 
 def register_envs() -> None:
-    """Register ``LLMSched-v0`` and the GPU-timed ``LLMSchedGPU-v0`` (idempotent).
+    """Register ``LLMSched-v1`` and the GPU-timed ``LLMSchedGPU-v1`` (idempotent).
 
-    ``LLMSchedGPU-v0`` times every batch on the local GPU (``latency="gpu:llama-3-8b"``, needs torch),
+    ``LLMSchedGPU-v1`` times every batch on the local GPU (``latency="gpu:llama-3-8b"``, needs torch),
     so it is registered ``nondeterministic``. Without gymnasium installed nothing is registered.
     """
     try:
@@ -32,4 +38,4 @@ def register_envs() -> None:
                  kwargs={"latency": "gpu:llama-3-8b"})
 
 
-__all__ = ["ENV_ID", "GPU_ENV_ID", "register_envs"]
+__all__ = ["ENV_ID", "ENV_VERSION", "GPU_ENV_ID", "register_envs"]

@@ -1,4 +1,4 @@
-"""Action modes of ``LLMSched-v0``: spaces, validation of the agent's actions, knob mapping.
+"""Action modes of ``LLMSched-v1``: spaces, validation of the agent's actions, knob mapping.
 
 The env turns every mode's action into the batch of the next iteration; this module holds what
 does not need the engine state: the spaces, the ``select`` layout (slots, launch-with-budget,

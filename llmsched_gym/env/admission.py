@@ -1,4 +1,4 @@
-"""Admission rules of ``LLMSched-v0``: which waiting requests may still join the batch being formed.
+"""Admission rules of ``LLMSched-v1``: which waiting requests may still join the batch being formed.
 
 * ``current``: the request's prefill (prompt, or prompt + generated after a recompute preemption,
   plus the first token when prefill emits one) fits in the KV that is free now, after this

@@ -1,4 +1,4 @@
-"""The env section of ``llmsched bench``: ``LLMSched-v0`` steps per second with random masked actions.
+"""The env section of ``llmsched bench``: ``LLMSched-v1`` steps per second with random masked actions.
 
 The loop is what a rollout worker does without a network: read the masks, draw a valid action
 uniformly (``select``), a random admissible subset (``subset``) or uniform scores/knobs (Box
@@ -135,7 +135,7 @@ def bench_env(
     :param K: queue slots.
     :param admission: ``none`` (the env's default), ``current`` or ``future``.
     :param steps: env steps to time (resets included, the first reset excluded).
-    :param env_kwargs: more ``LLMSched-v0`` arguments (``order``, ``reward``, ``overrides``, ...).
+    :param env_kwargs: more ``LLMSched-v1`` arguments (``order``, ``reward``, ``overrides``, ...).
     :returns: ``steps_per_s`` (wall clock), ``steps_per_cpu_s``, the settings, episodes finished,
         engine iterations simulated, requests completed and, in ``select`` mode, ``step_mix``: the
         fractions of admit, launch and preempt steps. A launch step runs an engine iteration and

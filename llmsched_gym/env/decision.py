@@ -1,4 +1,4 @@
-"""The decision point of ``LLMSched-v0``: what the agent sees and changes at one iteration boundary.
+"""The decision point of ``LLMSched-v1``: what the agent sees and changes at one iteration boundary.
 
 A :class:`DecisionPoint` lives for one episode. At every boundary :meth:`DecisionPoint.begin`
 computes the free KV blocks the next batch can use, orders the waiting queue, fills the ``K``

@@ -1,4 +1,4 @@
-"""Expert replay for ``LLMSched-v0``: a policy's plan at this boundary and the action that
+"""Expert replay for ``LLMSched-v1``: a policy's plan at this boundary and the action that
 reproduces it (the translation itself is each action mode's ``expert``).
 
 Plans are compared by what they do, not how they spell them (:func:`plan_key`): the chunk of
@@ -62,6 +62,9 @@ class ExpertReplay:
                 from llmsched_gym.sim import make_policy
 
                 pol = self.others[key] = make_policy(policy)
+        from baselines import check_applicable
+
+        check_applicable(pol, env.information)  # NotApplicable: it needs what the task does not give
         stateful = [h for h in HOOKS if type(pol).wants(h)]
         if stateful:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""``LLMSched-v0``: the Gymnasium environment (its class docstring is the manual)."""
+"""``LLMSched-v1``: the Gymnasium environment (its class docstring is the manual)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from baselines import NotApplicable, applicable, check_applicable
 from llmsched_gym.config import ConfigError, Setting
 from llmsched_gym.core.batching import BatchBuilder
 from llmsched_gym.core.engine import RUNNING, WAITING, Engine
+from llmsched_gym.core.information import BLIND, information_of
 from llmsched_gym.core.metrics import summarize
 from llmsched_gym.core.scenarios import resolve_scenario
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+from llmsched_gym.env import ENV_ID
 from llmsched_gym.env import observation as obs_mod
 from llmsched_gym.env.actions import (
     ACTION_MODES,
@@ -84,11 +87,26 @@ class LLMSchedEnv(gym.Env):
     requests with the last budget, fast-forwarded while nothing changes, or wait for the next
     arrival) and their reward is added to the next step.
 
+    **Information.** What the agent may know about output lengths is the scenario's information
+    model (:mod:`llmsched_gym.core.information`, from ``workload.predictor``; ``env.information``,
+    ``info["information"]`` and the summary's ``information`` name it): ``clairvoyant`` (the
+    features named *predicted* are the true lengths), ``predicted`` (a predictor's lengths, with
+    its error) or ``blind`` (no output-length information). Under ``blind`` the observation carries
+    nothing that depends on output lengths before they show (two workloads that differ only in
+    output lengths give identical observations until the first completion): the queue's
+    ``predicted_output`` is the tokens the request generated so far (non-zero after a recompute
+    preemption), ``uncertainty`` is 1, ``fits_future`` 0, the running part's
+    ``remaining_hist_*`` counts tokens generated so far instead (attained service, same bins) and
+    ``future_peak`` is 0; what needs predictions is refused in one line (``order="shortest"``,
+    ``admission="future"``, a ``meta`` candidate, ``tune`` base or expert that needs them:
+    ``baselines.NotApplicable``) or masked (``select``'s preempt-longest action). Prompt length,
+    age, prefix hits, service, SLO slack and the running set's KV are legitimate under every model.
+
     **Slots.** Slots ``0..K-1`` show the first ``K`` waiting requests not chosen yet, in the
     canonical order ``order``: ``arrival`` (the engine's queue order: arrival order, with
     preempted requests back at the head as in vLLM), ``shortest`` (predicted remaining output,
-    ties by queue order), ``prompt`` (tokens to prefill) or ``deadline`` (TTFT deadline; requests
-    without one last).
+    ties by queue order; not under ``blind``), ``prompt`` (tokens to prefill) or ``deadline``
+    (TTFT deadline; requests without one last).
 
     **Action space** (``action_mode``):
 
@@ -98,7 +116,7 @@ class LLMSchedEnv(gym.Env):
       ``(None, 8192, 4096, 2048, 1024, 512, 256, 128)``: unlimited, vLLM v1's default and the
       Sarathi-Serve chunk sizes, so ``K`` launches whole prefills); action ``K + B`` preempts the
       newest running request (vLLM's victim) and ``K + B + 1`` the one with the longest predicted
-      remaining output (SRPT's). Several steps form one batch.
+      remaining output (SRPT's; masked under ``blind``). Several steps form one batch.
     * ``subset``: ``MultiBinary(K)``: the whole admission set in one step; chosen slots are admitted
       in slot order, skipping those the admission rule rejects given the ones before; the batch
       launches with the fixed ``budget``.
@@ -221,7 +239,7 @@ class LLMSchedEnv(gym.Env):
     * ``invalid_action``: ``noop`` | ``raise``; ``invalid_penalty``: reward per invalid action.
     * ``expert``: a policy attached to the episode (see **Experts**).
     * ``latency``: a latency-model spec replacing the scenario's (``gpu:llama-3-8b`` times batches on
-      the local GPU: ``LLMSchedGPU-v0``).
+      the local GPU: ``LLMSchedGPU-v1``).
     * ``render_mode``: ``ansi`` | ``rgb_array``.
 
     **Notes and departures.** A scenario whose overflow handler is ``forbid`` runs with
@@ -230,7 +248,19 @@ class LLMSchedEnv(gym.Env):
     [0, 1] and ``queue`` is flat: both checkers (Gymnasium, Stable-Baselines3) warn on other Box
     actions and on 2-D observations. Between decisions the env fast-forwards decode runs
     (``hold``) unless ``admission="future"`` and requests wait (a later start can pass that rule
-    without any event).
+    without any event). A request whose prompt plus true output cannot fit in the whole KV cache
+    is rejected at its arrival under every information model (the engine's rule, as a server
+    rejects ``max_tokens`` beyond its capacity).
+
+    **Version history.** ``LLMSched-v1`` (issue 25): information models; under ``blind`` the
+    output-length features are replaced as above and prediction-based choices are refused or
+    masked; ``info["information"]`` and ``info["env"]`` on every step, ``summary["env"]``; with a
+    clairvoyant or predicted scenario the observations, masks and rewards are v0's.
+    ``LLMSched-v0``: the first version (its default action mode became ``select`` without a
+    version change); retired: ``gymnasium.make("LLMSched-v0")`` raises Gymnasium's
+    ``DeprecatedEnv`` naming v1. Note that the built-in ``azure-conv`` became ``predicted`` at the
+    same time (a log-normal predictor error; it was clairvoyant), which changes its episodes under
+    any version: ``overrides={{"workload.predictor": {{"type": "oracle"}}}}`` is the old task.
     """
 
     metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
@@ -295,6 +325,11 @@ class LLMSchedEnv(gym.Env):
         if latency is not None:
             self._overrides["latency"] = latency
         self._spec = resolve_scenario(scenario, self._overrides)
+        self.information = info = information_of(self._spec)
+        for name, value, needs in (("order", order, order == "shortest"), ("admission", admission, admission == "future")):
+            if needs and info == BLIND:
+                raise NotApplicable(f"{name}: {value!r} needs output-length predictions; the task is blind "
+                                    f"(allowed: {', '.join(x for x in (ORDERS if name == 'order' else ADMISSION_RULES) if x != value)})")
         from llmsched_gym.sim import make_policy
 
         self.switch = self.base = None
@@ -302,14 +337,19 @@ class LLMSchedEnv(gym.Env):
         if action_mode == "meta":
             from llmsched_gym.core.switch import Switch
 
-            specs = candidates if candidates is not None else default_candidates(self._spec.get("name", ""))
+            if candidates is not None:
+                specs = candidates
+            else:  # the defaults the task's information model allows
+                specs = [c for c in default_candidates(self._spec.get("name", "")) if applicable(c, info)[0]]
             if not specs:
                 raise ConfigError("candidates: meta mode needs at least one policy")
             self.switch = Switch([make_policy(c) for c in specs])
+            _check_applicable(self.switch, info, "candidates")
         elif candidates is not None:
             raise ConfigError(f"candidates: only meta mode takes candidates (action_mode={action_mode!r})")
         if action_mode == "tune":
             self.base = make_policy(base)
+            _check_applicable(self.base, info, "base")
             self.tune = check_tune(tune if tune is not None else DEFAULT_TUNE, type(self.base).params)
         self.dp = DecisionPoint(self.K, order, admission, None if max_num_seqs is None else int(max_num_seqs))
         self._mode = MODES[action_mode](self)
@@ -333,6 +373,8 @@ class LLMSchedEnv(gym.Env):
         from llmsched_gym.sim import make_policy
 
         self._expert = None if expert is None else make_policy(expert)
+        if self._expert is not None:
+            _check_applicable(self._expert, self.information, "expert")
         if self.switch is not None and self._expert is not None:
             # meta mode: the expert is the candidate with the same name and parameters
             want = _spec_of(self._expert)
@@ -497,7 +539,12 @@ class LLMSchedEnv(gym.Env):
         """The run summary of the current episode so far (complete once the episode has ended)."""
         if self._ended and self._summary is not None:
             return self._summary
-        return summarize(self.engine, self._spec.get("name", "custom"), "agent", time.perf_counter() - self._wall0)
+        return self._summarize()
+
+    def _summarize(self) -> dict[str, Any]:
+        s = summarize(self.engine, self._spec.get("name", "custom"), "agent", time.perf_counter() - self._wall0)
+        s["env"] = ENV_ID
+        return s
 
     def close(self) -> None:
         if self.engine is not None:
@@ -532,7 +579,7 @@ class LLMSchedEnv(gym.Env):
         e = self.engine
         self._ended = True
         self._terminated = e.stop_reason == "all requests finished"
-        self._summary = summarize(e, self._spec.get("name", "custom"), "agent", time.perf_counter() - self._wall0)
+        self._summary = self._summarize()
         self.dp.begin()
 
     def default_plan(self) -> BatchPlan:
@@ -622,12 +669,22 @@ class LLMSchedEnv(gym.Env):
             "reward_components": comps if comps is not None else self._zeros.copy(),
             "invalid_actions": self._n_invalid,
             "clock_s": self.engine.clock,
+            "information": self.information,
+            "env": ENV_ID,
         }
         if self._ended:
             info["summary"] = copy.deepcopy(self._summary)
             info["episode_stats"] = {"r": self._return, "l": self._steps,
                                      "t": round(time.perf_counter() - self._wall0, 6)}
         return info
+
+
+def _check_applicable(policy: Scheduler, information: str, arg: str) -> None:
+    """``NotApplicable`` naming the argument when ``policy`` needs what the task does not give."""
+    try:
+        check_applicable(policy, information)
+    except NotApplicable as e:
+        raise NotApplicable(f"{arg}: {e}") from None
 
 
 def _spec_of(pol: Scheduler) -> tuple:
@@ -674,7 +731,7 @@ class _AgentScheduler(Scheduler):
             d.reset(config, rng)
 
     def schedule(self, view: EngineView) -> BatchPlan:
-        raise RuntimeError("the LLMSched-v0 adapter is driven by env.step(), not engine.run()")
+        raise RuntimeError("the LLMSched-v1 adapter is driven by env.step(), not engine.run()")
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
         ok = self.env._delegate().on_arrival(req_id, view)

@@ -1,4 +1,4 @@
-"""The action modes of ``LLMSched-v0``: one small class per mode.
+"""The action modes of ``LLMSched-v1``: one small class per mode.
 
 A mode owns its ``space`` and turns an action into the env's batch: it calls the decision point
 (``env.dp``: select a slot, preempt) and the env (``env.launch(budget)`` forms the batch with the
@@ -100,6 +100,8 @@ class SelectMode(Mode):
         self.n = select_size(self.K, self.B)
         self.launch0 = self.K
         self.preempt0 = self.K + self.B
+        # the preempt actions offered: under blind only the newest (the longest needs predictions)
+        self.preempt_end = self.n if env.information != "blind" else self.preempt0 + 1
         self._blank = np.zeros(self.n, bool)  # the launch actions are always valid
         self._blank[self.launch0:self.preempt0] = True
         self._mask_version = -1
@@ -139,7 +141,7 @@ class SelectMode(Mode):
         m = self._blank.copy()
         m[: len(ok)] = ok
         if preempt:
-            m[self.preempt0:] = True
+            m[self.preempt0:self.preempt_end] = True
         return m, m.view(np.int8)
 
     def step(self, action) -> None:
@@ -154,7 +156,7 @@ class SelectMode(Mode):
             if self.launch0 <= action < self.preempt0:
                 env.launch(self.budgets[action - self.launch0])
                 return
-            if self.preempt0 <= action < self.n:
+            if self.preempt0 <= action < self.preempt_end:
                 victim = dp.victim(PREEMPT_RULES[action - self.preempt0])
                 if victim is not None:
                     dp.preempt(victim)
@@ -170,7 +172,7 @@ class SelectMode(Mode):
             raise Inexpressible(f"the batch being formed preempted {dp.victims}, the plan {victims}")
         if done < len(victims):
             v = victims[done]
-            for j, rule in enumerate(PREEMPT_RULES):
+            for j, rule in enumerate(PREEMPT_RULES[: self.preempt_end - self.preempt0]):
                 if dp.victim(rule) == v:
                     return self.preempt0 + j
             raise Inexpressible(f"it preempts request {v}, neither the newest running request nor the one "

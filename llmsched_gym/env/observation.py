@@ -1,4 +1,8 @@
-"""Observation layout of ``LLMSched-v0``: feature tables (name, bounds, meaning) and the spaces.
+"""Observation layout of ``LLMSched-v1``: feature tables (name, bounds, meaning) and the spaces.
+
+Under the ``blind`` information model the features that depend on output lengths are replaced
+by what a server knows without a predictor (see the tables: ``blind:``), so that nothing in the
+observation depends on an output length before the request completes.
 
 Every feature is a float32 inside finite documented bounds; values are clipped into them. Token
 counts use ``log1p(x) / log1p(M)`` (``M`` = KV capacity in tokens, so 1 means "as large as the
@@ -15,6 +19,8 @@ import math
 import numpy as np
 from gymnasium import spaces
 
+from llmsched_gym.core.information import BLIND
+
 TIME_RANGE = 1e6
 """Durations saturate at a million time units."""
 
@@ -25,8 +31,10 @@ REMAINING_BIN_EDGES = (2, 8, 32, 128, 512, 2048, 8192)
 QUEUE_FEATURES: tuple[tuple[str, float, float, str], ...] = (
     ("present", 0.0, 1.0, "1 if a request occupies the slot (all other features are 0 when not)"),
     ("prompt", 0.0, 1.0, "tokens to prefill (prompt, + generated after a recompute preemption), log-scaled"),
-    ("predicted_output", 0.0, 1.0, "predicted output tokens still to generate, log-scaled"),
-    ("uncertainty", 0.0, 1.0, "relative spread of the predictor (0 oracle, x for noisy(x), bucket width)"),
+    ("predicted_output", 0.0, 1.0, "predicted output tokens still to generate, log-scaled (blind: tokens generated "
+     "so far, non-zero after a recompute preemption)"),
+    ("uncertainty", 0.0, 1.0, "relative spread of the predictor (0 oracle, x for noisy(x), min(sigma, 1) for "
+     "lognormal, bucket width; blind: 1)"),
     ("age", 0.0, 1.0, "time since arrival, log-scaled"),
     ("prefix_hit", 0.0, 1.0, "fraction of the prompt the prefix cache would serve now"),
     ("service_deficit", 0.0, 1.0, "(max client service - this client's) / (max + 1), weighted service"),
@@ -34,7 +42,7 @@ QUEUE_FEATURES: tuple[tuple[str, float, float, str], ...] = (
     ("slo_slack", -1.0, 1.0, "(TTFT deadline - now) / TTFT SLO, clipped; 1 without a TTFT SLO"),
     ("fits_now", 0.0, 1.0, "1 if it passes the 'current' admission rule given the batch so far"),
     ("fits_future", 0.0, 1.0, "1 if it passes the 'future' (MC-SF Eq. (1)) rule given the batch so far "
-     "(chosen requests counted at their peak unless admission='future')"),
+     "(chosen requests counted at their peak unless admission='future'; blind: 0)"),
     ("prefilled", 0.0, 1.0, "fraction of the prompt whose KV is already computed (a swapped-out request keeps it)"),
 )
 
@@ -43,10 +51,12 @@ RUNNING_FEATURES: tuple[tuple[str, float, float, str], ...] = (
     ("kv_used", 0.0, 2.0, "(KV used + KV reserved by the batch being formed) / capacity"),
     *(
         (f"remaining_hist_{i}", 0.0, 1.0,
-         f"fraction of them with predicted remaining output in [{lo}, {hi})")
+         f"fraction of them with predicted remaining output in [{lo}, {hi}) (blind: tokens generated so far, "
+         f"in [{0 if lo == 1 else lo}, {hi}))")
         for i, (lo, hi) in enumerate(zip((1, *REMAINING_BIN_EDGES), (*REMAINING_BIN_EDGES, "inf"), strict=True))
     ),
-    ("future_peak", 0.0, 2.0, "predicted future KV peak of the running requests alone (Eq. (1)) / capacity"),
+    ("future_peak", 0.0, 2.0, "predicted future KV peak of the running requests alone (Eq. (1)) / capacity "
+     "(blind: 0)"),
     ("selected", 0.0, 1.0, "requests chosen for this batch so far (select mode), log1p(n) / log1p(M)"),
     ("prefilling", 0.0, 1.0, "running requests with an unfinished (chunked) prefill, log1p(n) / log1p(M)"),
     ("prefill_owed", 0.0, 2.0, "prompt tokens those still have to prefill, log-scaled"),
@@ -106,6 +116,10 @@ def predictor_spread(spec: dict | None, predicted: np.ndarray) -> np.ndarray:
     if not spec:
         return np.zeros(n, np.float32)
     kind = spec.get("type", "oracle") if isinstance(spec, dict) else str(spec)
+    if kind == "none":
+        return np.ones(n, np.float32)
+    if kind == "lognormal":
+        return np.full(n, min(float(spec.get("sigma", 0.0)), 1.0), np.float32)
     if kind == "noisy":
         return np.full(n, min(float(spec.get("x", 0.0)), 1.0), np.float32)
     if kind == "bucketed":
@@ -134,6 +148,13 @@ Q = {name: i for i, (name, *_rest) in enumerate(QUEUE_FEATURES)}
 R = {name: i for i, (name, *_rest) in enumerate(RUNNING_FEATURES)}
 G = {name: i for i, (name, *_rest) in enumerate(GLOBAL_FEATURES)}
 _HIST = slice(R["remaining_hist_0"], R["remaining_hist_0"] + len(REMAINING_BIN_EDGES) + 1)
+_N_BINS = len(REMAINING_BIN_EDGES) + 1
+
+
+def generated_hist(generated: np.ndarray) -> np.ndarray:
+    """Counts of ``generated`` (tokens generated so far) in the histogram bins [0, 2), [2, 8), ...:
+    the ``remaining_hist_*`` features under ``blind``."""
+    return np.bincount(np.searchsorted(REMAINING_BIN_EDGES, generated, side="right"), minlength=_N_BINS)
 _FITS_NOW, _FITS_FUTURE = Q["fits_now"], Q["fits_future"]
 
 
@@ -174,6 +195,7 @@ class ObservationBuilder:
         e, dp = env.engine, env.dp
         wl = e.workload
         self.e, self.dp = e, dp
+        self.blind = env.information == BLIND
         cap = dp.cap_tokens
         self.n = max(len(wl), 1)
         lat = e.latency
@@ -204,7 +226,8 @@ class ObservationBuilder:
         st = np.zeros((len(wl) + 1, len(QUEUE_FEATURES)), np.float32)  # + the all-zero padding row
         st[:-1, Q["present"]] = 1.0
         st[:-1, Q["prompt"]] = self.tbl[np.minimum(wl.prompt_tokens, cap)]
-        st[:-1, Q["predicted_output"]] = self.tbl[np.minimum(wl.predicted_output, cap)]
+        # blind: tokens generated so far (0 at the start; refresh() after a recompute preemption)
+        st[:-1, Q["predicted_output"]] = 0.0 if self.blind else self.tbl[np.minimum(wl.predicted_output, cap)]
         st[:-1, Q["uncertainty"]] = predictor_spread(env._spec["workload"].get("predictor"), wl.predicted_output)
         st[:-1, Q["task_class"]] = wl.task_class
         st[:-1, Q["slo_slack"]] = 1.0
@@ -222,7 +245,10 @@ class ObservationBuilder:
         cap = self.dp.cap_tokens
         row = self.rows[rid]
         row[Q["prompt"]] = self.tbl[min(int(self.dp.target[rid]), cap)]
-        row[Q["predicted_output"]] = self.tbl[min(max(int(self.dp.pred[rid] - self.dp.gen[rid]), 0), cap)]
+        if self.blind:
+            row[Q["predicted_output"]] = self.tbl[min(int(self.dp.gen[rid]), cap)]
+        else:
+            row[Q["predicted_output"]] = self.tbl[min(max(int(self.dp.pred[rid] - self.dp.gen[rid]), 0), cap)]
 
     def log_tokens(self, x: float) -> float:
         """``log1p(x) / log1p(M)``, clipped at 2."""
@@ -250,16 +276,20 @@ class ObservationBuilder:
             self.rows.take(dp.ids_pad, axis=0, out=q, mode="clip")
             q[:n, _FITS_NOW] = dp.fits_now
             ff = dp.fits_future
-            if ff is None:
+            if ff is None and not self.blind:
                 # not the admission rule: the chosen requests count at their peak throughout
                 ff = dp.fits_future = dp.rooms(dp.ids) >= dp.sel_peaks
-            q[:n, _FITS_FUTURE] = ff
+            if ff is not None:
+                q[:n, _FITS_FUTURE] = ff
         n_sel = len(dp.sel)
         if n_sel:  # the running part with the batch being formed
             n_res = dp.n_run + n_sel
             buf[self.i_count] = math.log1p(n_res) * self.inv_log_cap
             buf[self.i_kv_used] = min(max(e.kv.used_blocks - dp.released + dp.sel_blocks, 0) / dp.cap_blocks, 2.0)
-            buf[self.hist] = (dp.run_hist + dp.sel_hist) * (1.0 / n_res)
+            if self.blind:
+                buf[self.hist] = (self.run_hist + generated_hist(dp.gen[dp.sel])) * (1.0 / n_res)
+            else:
+                buf[self.hist] = (dp.run_hist + dp.sel_hist) * (1.0 / n_res)
             buf[self.i_selected] = math.log1p(n_sel) * self.inv_log_cap
             buf[self.i_batch_tokens] = self.log_tokens(self.run_tokens + dp.sel_tokens)
         buf[self.i_queue_len] = math.log1p(dp.n_waiting - n_sel) * self.inv_log_n
@@ -274,12 +304,19 @@ class ObservationBuilder:
         e, dp, at = self.e, self.dp, self.at
         base = self.base = np.zeros(self.size, np.float32)
         # running requests
-        dp.residents()
+        if self.blind:  # what they generated so far (attained service) instead of predictions
+            dp.batch_shape()
+            self.run_hist = generated_hist(dp.gen[dp.run_list]) if dp.n_run else 0
+        else:
+            dp.residents()
         if dp.n_run:
             base[at["running.count"]] = math.log1p(dp.n_run) * self.inv_log_cap
             base[at["running.kv_used"]] = min(max(e.kv.used_blocks - dp.released, 0) / dp.cap_blocks, 2.0)
-            base[self.hist] = dp.run_hist * (1.0 / dp.n_run)
-            base[at["running.future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
+            if self.blind:
+                base[self.hist] = self.run_hist * (1.0 / dp.n_run)
+            else:
+                base[self.hist] = dp.run_hist * (1.0 / dp.n_run)
+                base[at["running.future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
         n_dec, dec_ctx, mid, owed, mid_ctx = self.shape = dp.batch_shape()
         if mid:
             base[at["running.prefilling"]] = math.log1p(mid) * self.inv_log_cap

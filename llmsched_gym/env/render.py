@@ -1,4 +1,4 @@
-"""Rendering of ``LLMSched-v0``: ``ansi`` text and a small ``rgb_array`` picture (numpy only)."""
+"""Rendering of ``LLMSched-v1``: ``ansi`` text and a small ``rgb_array`` picture (numpy only)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def render_ansi(env: LLMSchedEnv) -> str:
     """Clock, KV bar, the batch being formed, the first slots and the running requests."""
     e = env.engine
     if e is None:
-        return "LLMSched-v0: call reset() first\n"
+        return "LLMSched-v1: call reset() first\n"
     cap = e.kv.capacity_tokens
     used = e.kv.used_tokens
     reserved = env.dp.sel_blocks * e.kv.block_size if not env._ended else 0

@@ -1,4 +1,4 @@
-"""Reward of ``LLMSched-v0``: a weighted sum of components measured between two agent decisions.
+"""Reward of ``LLMSched-v1``: a weighted sum of components measured between two agent decisions.
 
 =============  ===================================================================================
 component      raw value of one step (the weight multiplies it; ``info["reward_components"]``)
