@@ -50,8 +50,11 @@ class NotApplicable(PolicyError):
 
 
 def policy_label(policy: Scheduler) -> str:
-    """``name`` plus the parameters that differ from their defaults (``mcsf:oracle=True``)."""
-    changed = [f"{k}={getattr(policy, k)!r}".replace("'", "") for k, d in type(policy).params.items()
+    """``name`` plus the parameters that differ from their defaults (``mcsf:oracle=true``)."""
+    def show(v: Any) -> str:  # as NAME:key=value specs write it
+        return str(v).lower() if isinstance(v, bool) else repr(v).replace("'", "")
+
+    changed = [f"{k}={show(getattr(policy, k))}" for k, d in type(policy).params.items()
                if hasattr(policy, k) and getattr(policy, k) != d]
     return f"{policy.name}:{','.join(changed)}" if changed else policy.name
 

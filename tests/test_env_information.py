@@ -117,7 +117,7 @@ def test_prediction_choices_are_refused_under_blind_in_one_line():
     # predicted tasks allow them; the true lengths stay out of reach
     pred = explicit([0.0, 1.0], [4, 4], [5, 5], {"type": "noisy", "x": 0.5})
     LLMSchedEnv(pred, order="shortest", admission="future", expert="mcsf")
-    with pytest.raises(NotApplicable, match=r"^expert: mcsf:oracle=True needs the true output lengths; the task "
+    with pytest.raises(NotApplicable, match=r"^expert: mcsf:oracle=true needs the true output lengths; the task "
                                             r"is predicted$"):
         LLMSchedEnv(pred, expert={"name": "mcsf", "oracle": True})
 

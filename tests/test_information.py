@@ -56,6 +56,8 @@ def test_the_model_follows_from_the_predictor():
     assert information_of("azure-conv") == PREDICTED
     assert information_of("jaillet-high") == CLAIRVOYANT
     assert information_of("jaillet-noisy") == PREDICTED
+    # a trace run on azure-conv's settings keeps its predictor
+    assert information_of("trace:azure:/nowhere.csv") == PREDICTED
 
 
 def test_a_built_workload_records_its_model_and_a_hand_made_one_is_clairvoyant():
@@ -206,7 +208,7 @@ def test_applicable_gives_the_reason_without_running():
     assert applicable("sjf", BLIND) == (False, "sjf needs output-length predictions; the task is blind")
     assert applicable("sjf", PREDICTED) == (True, "")
     assert applicable("mcsf:oracle=true", PREDICTED) == (
-        False, "mcsf:oracle=True needs the true output lengths; the task is predicted")
+        False, "mcsf:oracle=true needs the true output lengths; the task is predicted")
     assert applicable({"name": "lpm", "memory": "fit"}, BLIND) == (True, "")
     assert applicable(make_policy("vtc-oracle"), CLAIRVOYANT) == (True, "")
     with pytest.raises(PolicyError, match="^policy: unknown 'nope'"):
