@@ -37,9 +37,12 @@ runs, so its value is never worse than any starting candidate's on that seed.
 
 It is a reference, not an entrant: it reads the true lengths and the future arrivals.
 
-Budget: a 1000-request azure-conv workload runs in about 0.3 s on one core, so the default
-(the 84-spec static family and ``sims=150`` search runs) takes about 60-80 s per workload;
-pass the best few static specs as ``start`` to spend the time on the search.
+Budget: a run is one simulation of the workload (0.3-0.5 s for 1000 azure-conv requests, 0.05 s
+for 500 jaillet-high requests, 1-3 s for overloaded variants that preempt a lot, on one core of a
+busy machine). The default, the 84-spec static family as the start and ``sims=120`` search runs,
+takes about 80-130 s on azure-conv; with the best five static specs as ``start`` the search alone
+measured 83 s there (6 s on jaillet-high, 50-220 s on the overloaded variants). Pass the best few
+static specs as ``start`` to spend the time on the search.
 """
 
 from __future__ import annotations
