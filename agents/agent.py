@@ -139,13 +139,30 @@ def load_agent(path: str | Path, best: bool = False, trust_model: bool = False) 
     meta, tensors = read_agent_file(stem)
     if meta.get("format") == RLLIB_FORMAT:
         return _rllib(run_dir, trust_model)
-    model = build_model(meta, tensors)
-    vecnorm = None
-    if meta.get("vecnormalize"):
-        vecnorm = restore_vecnormalize(meta["vecnormalize"], model.get_env(), training=False)
-    run = read_run_json(run_dir)
-    return Agent(describe_run(run, run_dir.name), model, vecnorm, meta.get("env_kwargs", run.get("env_kwargs", {})),
-                 meta.get("scenario", run.get("scenario")), meta.get("overrides", run.get("overrides", {})))
+    try:  # every field of the description may be anything: a wrong type is the file's error
+        model = build_model(meta, tensors)
+        vecnorm = None
+        if meta.get("vecnormalize"):
+            vecnorm = restore_vecnormalize(meta["vecnormalize"], model.get_env(), training=False)
+        run = read_run_json(run_dir)
+        agent = Agent(describe_run(run, run_dir.name), model, vecnorm, meta.get("env_kwargs", run.get("env_kwargs", {})),
+                      meta.get("scenario", run.get("scenario")), meta.get("overrides", run.get("overrides", {})))
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, OverflowError) as err:
+        if isinstance(err, AgentFileError):
+            raise
+        raise AgentFileError(f"model: {stem}.json is malformed ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())[:120]})") from None
+    _check_agent_settings(agent, stem)
+    return agent
+
+
+def _check_agent_settings(agent: Agent, stem: Path) -> None:
+    """The env settings an agent file gives are of the types the env takes (one line naming the field)."""
+    for name, value, kind in (("env_kwargs", agent.env_kwargs, dict), ("overrides", agent.overrides, dict),
+                              ("scenario", agent.scenario, str)):
+        if value is not None and not isinstance(value, kind):
+            raise AgentFileError(f"model: {stem}.json: {name}: expected a {'mapping' if kind is dict else 'string'}, "
+                                 f"got {type(value).__name__}")
 
 
 def _rllib(run_dir: Path, trust_model: bool) -> Agent:

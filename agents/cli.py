@@ -13,8 +13,8 @@ from typing import Any
 from llmsched_gym.config import ConfigError
 from llmsched_gym.parallel import add_arguments as add_parallel_arguments
 
-TRUST_HELP = ("also load SB3 .zip models and vecnormalize pickles: unpickling runs any code they carry, so "
-              "only for files you trust (the default reads only .json + .safetensors)")
+TRUST_HELP = ("also load SB3 .zip models, vecnormalize pickles and RLlib's rl_module/ checkpoints: unpickling runs "
+              "any code they carry, so only for files you trust (the default reads only .json + .safetensors)")
 
 
 def _sets(items: list[str] | None) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -319,7 +319,13 @@ def load_module(run_dir: Path, trust_model: bool = False) -> RLlibPolicy:
 
     if (run_dir / "model.json").is_file():
         meta, tensors = read_agent_file(run_dir / "model")
-        return RLlibPolicy(build_rllib_module(meta, tensors))
+        try:
+            return RLlibPolicy(build_rllib_module(meta, tensors))
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError, OverflowError) as err:
+            if isinstance(err, AgentFileError):
+                raise
+            raise AgentFileError(f"model: {run_dir / 'model.json'} is malformed ({type(err).__name__}: "
+                                 f"{' '.join(str(err).split())[:120]})") from None
     path = run_dir / "rl_module"
     if not path.is_dir():
         raise AgentFileError(f"model: no model.json or rl_module/ in {run_dir}")

@@ -614,8 +614,9 @@ def _check_parent(p: Path, flag: str) -> None:
 
 def check_output_file(path: str | os.PathLike[str] | None, flag: str) -> None:
     """Raise ConfigError unless ``path`` can be written as a file (before a run, not after it):
-    it must not be a directory or a dangling symbolic link, and the folder it goes into (its nearest
-    existing ancestor) must be writable: a file is created there and removed to make sure."""
+    it must not be a directory or a dangling symbolic link, a relative path must not lead outside
+    the working folder through a symbolic link, and the folder it goes into (its nearest existing
+    ancestor) must be writable: a file is created there and removed to make sure."""
     if path is None:
         return
     p = Path(path)
@@ -627,7 +628,20 @@ def check_output_file(path: str | os.PathLike[str] | None, flag: str) -> None:
         raise ConfigError(f"{flag}: {p} is not a regular file (a device or pipe is never written)")
     if p.exists() and not os.access(p, os.W_OK):
         raise ConfigError(f"{flag}: {p} exists and is not writable")
+    _check_relative(p, flag)
     _check_parent(p.resolve(), flag)
+
+
+def _check_relative(p: Path, flag: str) -> None:
+    """A relative output path must stay, with symbolic links followed, inside the working folder: a
+    link planted in a shared folder (``out/link -> /elsewhere``) would otherwise redirect the write.
+    An absolute path is taken as the user typed it."""
+    if p.is_absolute():
+        return
+    resolved, cwd = p.resolve(), Path.cwd().resolve()
+    if not resolved.is_relative_to(cwd):
+        raise ConfigError(f"{flag}: {p} leads to {resolved} through a symbolic link, outside the working folder "
+                          f"{cwd}; give that absolute path if it is meant")
 
 
 MAX_SCANNED = 100_000
@@ -663,6 +677,7 @@ def check_output_dir(path: str | os.PathLike[str] | None, flag: str) -> None:
         raise ConfigError(f"{flag}: {p} is a symbolic link to {os.readlink(p)}, which does not exist")
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag}: {p} is a file, expected a directory")
+    _check_relative(p, flag)
     if p.exists():
         if not os.access(p, os.W_OK | os.X_OK) or not _probe_writable(p):
             raise ConfigError(f"{flag}: {p} is not writable")

@@ -101,6 +101,21 @@ def test_dangling_symlinks_and_unwritable_folders_are_refused_before_the_run(tmp
             check_output_dir("/proc/llmsched-out", "--out")
 
 
+def test_a_relative_output_path_may_not_leave_the_working_folder_through_a_link(tmp_path, monkeypatch):
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    (work / "out").mkdir(parents=True)
+    outside.mkdir()
+    (work / "out" / "link").symlink_to(outside)
+    monkeypatch.chdir(work)
+    with pytest.raises(ConfigError, match=r"^--log-iterations: out/link/x.csv leads to .*outside/x.csv through a "
+                                          r"symbolic link, outside the working folder"):
+        check_output_file("out/link/x.csv", "--log-iterations")
+    with pytest.raises(ConfigError, match="through a symbolic link"):
+        check_output_dir("out/link/run", "--out")
+    check_output_file(outside / "x.csv", "--json")  # typed as an absolute path: the user's choice
+    check_output_file("out/x.csv", "--json")
+
+
 def test_cli_run_refuses_one_file_for_json_and_the_iteration_log(tmp_path, capsys):
     rc = cli.main(["run", "--scenario", "jaillet-low", "--set", "workload.n_requests=5", "--quiet",
                    "--json", str(tmp_path / "x"), "--log-iterations", str(tmp_path / "x")])

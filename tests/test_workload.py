@@ -276,7 +276,7 @@ BASE = {"arrival": {"type": "poisson", "rate": 1.0}, "n_requests": 10, "prompt":
     ({"arrival": {"type": "poisson", "rate": -1}}, "arrival.rate: expected a number > 0, got -1"),
     ({"arrival": {"type": "gamma", "rate": 1}}, "arrival.cv: required for type 'gamma'"),
     ({"arrival": {"type": "poisson", "rate": 1, "cv": 2}}, "arrival.cv: unknown key (allowed: type, rate)"),
-    ({"prompt": "x"}, "prompt: expected an integer >= 1, got 'x'"),
+    ({"prompt": "x"}, "prompt: expected an integer >= 1 and <= 2,147,483,647, got 'x'"),
     ({"output": {"type": "lognormal", "mean": 5, "median": 9}},
      "output.mean: expected a number >= median (9), got 5"),
     ({"predictor": {"type": "noisy", "x": 2}}, "predictor.x: expected a number >= 0 and <= 1, got 2"),

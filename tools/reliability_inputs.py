@@ -1,4 +1,4 @@
-"""Regenerate docs/reliability_inputs.md: every input listed under "Why" in issue 15, run as a user would.
+"""Regenerate docs/reliability_inputs.md: every input listed under "Why" in issues 15 and 30, run as a user would.
 
 Each row runs one command in a scratch folder (``llmsched ...`` through the installed CLI, or a
 ``python -c`` snippet for the Python API) and records the exit code and the line it printed: the
@@ -7,9 +7,11 @@ one), or the summary line of a run that completed. A Python API row exits 2 and 
 ``ConfigError: MESSAGE`` when the project's error type is raised; any other exception gives a
 traceback (exit 1).
 
-    python tools/reliability_inputs.py [--out docs/reliability_inputs.md]
+    python tools/reliability_inputs.py [--issue 15|30|all] [--out docs/reliability_inputs.md]
 
-The runs are serial on one core (OMP/MKL threads 1); the whole table takes a few minutes.
+The runs are serial on one core (OMP/MKL threads 1), each under an 8 GB address-space limit and a
+300 s timeout; the whole table takes a few minutes. Issue 30's rows run ``python -m
+llmsched_gym.cli`` with this checkout first on ``PYTHONPATH``.
 """
 
 from __future__ import annotations

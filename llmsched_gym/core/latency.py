@@ -594,8 +594,13 @@ class TableLatency(LatencyModel):
     @classmethod
     def from_csv(cls, path: str | Path) -> TableLatency:
         """Read a profile CSV with header :data:`PROFILE_COLUMNS` (extra columns are ignored)."""
+        import io
+
+        from llmsched_gym.config import read_text_bounded
+
         path = Path(path)
-        with path.open(newline="") as f:
+        # a regular file of bounded size (a device such as /dev/zero is never read)
+        with io.StringIO(read_text_bounded(path, "latency", 256 * 2**20), newline="") as f:
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
             missing = [c for c in PROFILE_COLUMNS if c not in header]

@@ -350,8 +350,8 @@ def fixed(value: int, size: int) -> np.ndarray:
 
 def uniform(lo: int, hi: int, size: int, rng: RngLike = None) -> np.ndarray:
     """Integers drawn uniformly from ``lo..hi`` inclusive."""
-    lo = int(_num(lo, "lo", ge=1, integer=True))
-    hi = int(_num(hi, "hi", ge=lo, integer=True))
+    lo = int(_num(lo, "lo", ge=1, le=MAX_TOKENS, integer=True))
+    hi = int(_num(hi, "hi", ge=lo, le=MAX_TOKENS, integer=True))
     return np.random.default_rng(rng).integers(lo, hi + 1, size, dtype=np.int64)
 
 
@@ -384,7 +384,10 @@ def zipf(a: float, size: int, rng: RngLike = None, *, max_tokens: int | None = N
 def empirical(values: Sequence[int] | np.ndarray, size: int, rng: RngLike = None, *,
               max_tokens: int | None = None) -> np.ndarray:
     """Resample observed lengths with replacement (e.g. a trace column)."""
-    v = np.asarray(values, dtype=np.float64)
+    try:
+        v = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise WorkloadError("values: expected a non-empty list of finite numbers") from None
     if v.ndim != 1 or len(v) == 0 or not np.all(np.isfinite(v)):
         raise WorkloadError("values: expected a non-empty list of finite numbers")
     return _clip(np.random.default_rng(rng).choice(v, size), max_tokens)
@@ -753,7 +756,7 @@ class _Builder:
         if spec is None:
             raise WorkloadError(f"{path}: required (an int or a length mapping)")
         if not isinstance(spec, dict):
-            return np.full(size, int(_num(spec, path, ge=1, integer=True)), dtype=np.int64)
+            return np.full(size, int(_num(spec, path, ge=1, le=MAX_TOKENS, integer=True)), dtype=np.int64)
         kind, p = _typed(spec, path, _LENGTHS, extra=("max",))
         rng = self.rng(path)
         max_tokens = p.pop("max", None)
