@@ -39,3 +39,27 @@ def test_quick_demo_prints_the_references_the_start_and_what_training_added(tmp_
     if agent["learned"]["verdict"] == "tie":
         assert learned.group(3) == "nothing measurable: the start's result"
     assert (tmp_path / "demo" / "train" / "start.json").exists()
+
+
+def test_the_main_job_fetches_its_trace_or_says_plainly_that_the_stand_in_runs(tmp_path, monkeypatch, capsys):
+    from llmsched_gym import data
+    from llmsched_gym.demo import fetch_trace
+
+    monkeypatch.setenv("LLMSCHED_DATA", str(tmp_path))
+    monkeypatch.setattr(data, "shared_roots", lambda: [])  # a user's clone: no ../shared
+    calls = []
+
+    def unreachable(name, **kw):
+        calls.append(name)
+        raise data.DataError(f"{name}: download from https://example.invalid failed (no route)")
+
+    monkeypatch.setattr(data, "download", unreachable)
+    fetch_trace("azure-conv", quick=False)
+    out = capsys.readouterr().out
+    assert calls == ["azure-conv"]  # announced, through `llmsched data download`'s code
+    assert "fetching the real trace from its publisher (sha256-checked)" in out
+    assert "the SYNTHETIC STAND-IN runs instead" in out
+    fetch_trace("azure-conv", quick=True)  # --quick never downloads, and says what runs
+    assert calls == ["azure-conv"] and "--quick does not download: the SYNTHETIC STAND-IN runs" in capsys.readouterr().out
+    fetch_trace("jaillet-high", quick=False)  # a synthetic scenario has no trace to fetch
+    assert calls == ["azure-conv"] and capsys.readouterr().out == ""
