@@ -147,8 +147,9 @@ def add_subcommands(sub: Any) -> None:
     sp.add_argument("--timesteps", type=int, default=None, help=f"environment steps to learn for {from_file}")
     sp.add_argument("--seed", type=int, default=0, help="seeds the model and the training workloads")
     sp.add_argument("--n-envs", type=int, default=None, help=f"parallel training environments {from_file}")
-    sp.add_argument("--vec", default="dummy", choices=["dummy", "subproc"],
-                    help="run the environments in this process or in subprocesses")
+    sp.add_argument("--vec", default="native", choices=["native", "dummy", "subproc"],
+                    help="native: every environment in one vector env in this process (fastest); dummy: SB3's "
+                         "DummyVecEnv of single envs; subproc: one subprocess each (same results)")
     sp.add_argument("--action-mode", default=None, choices=["select", "subset", "priority", "knob", "meta", "tune"],
                     help=f"what the agent decides each step {from_file}")
     sp.add_argument("--admission", default=None, choices=["current", "future", "none"],

@@ -2,7 +2,7 @@
 
 1. settings: :class:`TrainConfig` (command line) over the scenario's entry of
    ``agents/hyperparams/{maskable_ppo,ppo}.yml`` (rl-zoo layout);
-2. vectorised envs (``DummyVecEnv`` or ``SubprocVecEnv``) on training workloads whose seeds are
+2. vectorised envs (the native vector env, ``DummyVecEnv`` or ``SubprocVecEnv``: ``--vec``) on training workloads whose seeds are
    disjoint from the validation workload (seed 99) and the default held-out test seeds (100-104);
    ``VecNormalize`` on the ``running`` and ``globals`` observations and on the reward;
 3. the model: ``MaskablePPO`` (``select``/``subset``) or ``PPO`` (``priority``/``knob``) with the
@@ -76,7 +76,7 @@ class TrainConfig:
     timesteps: int | None = None
     seed: int = 0
     n_envs: int | None = None
-    vec: str = "dummy"
+    vec: str = "native"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
     hyperparams: dict[str, Any] = field(default_factory=dict)
@@ -258,6 +258,37 @@ class _TrainingWorkloads:
         return Monitor(SeedSequenceWrapper(make_env(scenario, env_kwargs)))
 
 
+VEC_KINDS = ("native", "dummy", "subproc")
+"""``--vec``: the native vector env (:class:`agents.vec.NativeVecEnv`, the default), SB3's
+``DummyVecEnv`` or ``SubprocVecEnv`` over ``Monitor``-wrapped single envs. All three give the same
+observations, rewards and episode boundaries (the native one is tested bit for bit against
+``dummy``)."""
+
+
+@dataclass(frozen=True)
+class EpisodeSeeds:
+    """Workload seed of episode ``j`` of env ``rank``: ``base + rank + n_envs j``."""
+
+    base: int
+    n_envs: int
+
+    def __call__(self, rank: int, episode: int) -> int:
+        return self.base + rank + self.n_envs * episode
+
+
+def training_venv(vec: str, scenario: str, env_kwargs: dict, n_envs: int, base: int) -> Any:
+    """The training envs (SB3 ``VecEnv``): ``n_envs`` simulations on the training workloads
+    (:class:`EpisodeSeeds` from ``base``), ``vec`` one of :data:`VEC_KINDS`."""
+    if vec == "native":
+        from agents.vec import NativeVecEnv
+
+        return NativeVecEnv(scenario, env_kwargs, n_envs, episode_seeds=EpisodeSeeds(base, n_envs))
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    fns = [_TrainingWorkloads(scenario, env_kwargs, r, n_envs, base) for r in range(n_envs)]
+    return SubprocVecEnv(fns) if vec == "subproc" else DummyVecEnv(fns)
+
+
 MAX_INEXPRESSIBLE = 0.01
 """Behaviour cloning refuses a teacher with more inexpressible plans than this fraction."""
 
@@ -382,7 +413,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """Train (or resume) an agent; returns the contents of ``run.json``."""
     import torch
     from stable_baselines3.common.callbacks import CallbackList
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
+    from stable_baselines3.common.vec_env import VecNormalize
 
     from agents.callbacks import (
         BaselineScoreCallback,
@@ -404,14 +435,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     name = cfg.name or safe_run_name(f"{cfg.scenario}-{env_kwargs.get('action_mode', 'select')}-s{cfg.seed}")
     run_dir = run_folder(cfg.out, name, "--name")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    if cfg.vec not in ("dummy", "subproc"):
-        raise ConfigError(f"vec: {cfg.vec!r} is not one of dummy, subproc")
+    if cfg.vec not in VEC_KINDS:
+        raise ConfigError(f"vec: {cfg.vec!r} is not one of {', '.join(VEC_KINDS)}")
 
     # 2. envs: training workloads from seed TRAIN_SEED_BASE + 1000 * seed on
     n_envs = int(hp.get("n_envs", 1))
     base = TRAIN_SEED_BASE + 1000 * cfg.seed
-    fns = [_TrainingWorkloads(cfg.scenario, env_kwargs, r, n_envs, base) for r in range(n_envs)]
-    venv = SubprocVecEnv(fns) if cfg.vec == "subproc" else DummyVecEnv(fns)
+    venv = training_venv(cfg.vec, cfg.scenario, env_kwargs, n_envs, base)
     norm_kw = dict(hp.get("normalize") or {})
     gamma = float(hp.get("gamma", 0.99))
 

@@ -1,7 +1,9 @@
 """The Gymnasium environment ``LLMSched-v1`` (see :class:`~llmsched_gym.env.llmsched_env.LLMSchedEnv`).
 
 ``import llmsched_gym`` calls :func:`register_envs`, so
-``gymnasium.make("llmsched_gym:LLMSched-v1", scenario=..., action_mode=..., reward=...)`` works. This
+``gymnasium.make("llmsched_gym:LLMSched-v1", scenario=..., action_mode=..., reward=...)`` works, and
+``gymnasium.make_vec("llmsched_gym:LLMSched-v1", num_envs=N, vectorization_mode="vector_entry_point", ...)``
+returns the native vector env (:mod:`llmsched_gym.env.vector`: N simulations in one process). This
 module imports only gymnasium's registry; the env itself loads on ``make``.
 
 ``LLMSched-v0`` is retired (the class docstring's version history says what changed): only v1 is
@@ -16,6 +18,7 @@ ENV_VERSION = 1
 ENV_ID = f"LLMSched-v{ENV_VERSION}"
 GPU_ENV_ID = f"LLMSchedGPU-v{ENV_VERSION}"
 ENTRY_POINT = "llmsched_gym.env.llmsched_env:LLMSchedEnv"
+VECTOR_ENTRY_POINT = "llmsched_gym.env.vector:LLMSchedVectorEnv"
 MAX_EPISODE_STEPS = 1_000_000
 """The registered step limit: a safety net far above any scenario's episode (the engine's own
 horizon, iteration cap and loop detector end episodes first); ``max_episode_steps=`` overrides it."""
@@ -32,7 +35,8 @@ def register_envs() -> None:
     except ImportError:  # the GPU device image runs the simulator without gymnasium
         return
     if ENV_ID not in registry:
-        register(id=ENV_ID, entry_point=ENTRY_POINT, max_episode_steps=MAX_EPISODE_STEPS)
+        register(id=ENV_ID, entry_point=ENTRY_POINT, vector_entry_point=VECTOR_ENTRY_POINT,
+                 max_episode_steps=MAX_EPISODE_STEPS)
     if GPU_ENV_ID not in registry:
         register(id=GPU_ENV_ID, entry_point=ENTRY_POINT, nondeterministic=True, max_episode_steps=MAX_EPISODE_STEPS,
                  kwargs={"latency": "gpu:llama-3-8b"})

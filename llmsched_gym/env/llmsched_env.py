@@ -506,6 +506,12 @@ class LLMSchedEnv(gym.Env):
         return self._observe(), self._info(None)
 
     def step(self, action):
+        reward, terminated, truncated, comps = self._step(action)
+        return self._observe(), reward, terminated, truncated, self._info(comps)
+
+    def _step(self, action) -> tuple[float, bool, bool, dict[str, float] | None]:
+        """:meth:`step` without the observation and the info (the vector env builds those itself):
+        the reward, terminated, truncated and the reward components (``None``: all zero)."""
         if self.engine is None:
             raise RuntimeError("step() before reset()")
         if self._ended:
@@ -513,22 +519,20 @@ class LLMSchedEnv(gym.Env):
                 raise RuntimeError("step() after the episode ended; call reset()")
             # the episode ended during reset (nothing to decide at all)
             self._ended_in_reset = False
-            return self._observe(), 0.0, self._terminated, not self._terminated, self._info(None)
+            return 0.0, self._terminated, not self._terminated, None
         bid, invalid0 = self.dp.bid, self._n_invalid
         self._mode.step(action)
         self._steps += 1
         if self.dp.bid == bid and not self._ended:  # still forming the same batch
             reward = -self.invalid_penalty * (self._n_invalid - invalid0)
             self._return += reward
-            return self._observe(), reward, False, False, self._info(None)
+            return reward, False, False, None
         reward, comps = self._tracker.collect()
         reward -= self.invalid_penalty * (self._n_invalid - invalid0)
         self._return += reward
-        obs = self._observe()
-        terminated = truncated = False
         if self._ended:
-            terminated, truncated = self._terminated, not self._terminated
-        return obs, reward, terminated, truncated, self._info(comps)
+            return reward, self._terminated, not self._terminated, comps
+        return reward, False, False, comps
 
     def action_masks(self) -> np.ndarray:
         """Valid actions now: a fresh bool array, ``True`` = valid (the layout per mode is in the
