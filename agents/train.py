@@ -540,11 +540,11 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         # the untrained starting policy (action bias, clone): the benchmark scores it beside the agent,
         # so that learning is credited only with what training added
         save("start")
-    t_learn = time.perf_counter()
+    t_learn, c_learn = time.perf_counter(), time.process_time()
     if remaining > 0:
         model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=not cfg.resume,
                     tb_log_name="ppo")
-    learn_s = time.perf_counter() - t_learn
+    learn_s, learn_cpu_s = time.perf_counter() - t_learn, time.process_time() - c_learn
     save("model")
     if not (run_dir / "best_model.json").exists():
         save("best_model")
@@ -566,6 +566,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         "episodes": summaries.n_episodes,
         "stopped_by_time_limit": bool(limit is not None and limit.stopped),
         "learn_wall_s": learn_s,
+        "learn_cpu_s": learn_cpu_s,
         "wall_s": time.perf_counter() - t0,
     })
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")

@@ -361,7 +361,18 @@ class DecisionPoint:
         return True
 
     def filter(self, slots: list[int], stop_at_first: bool) -> list[int]:
-        """Admit ``slots`` in the given order while the admission rule allows (skipping or stopping)."""
+        """Admit ``slots`` in the given order while the admission rule allows (skipping or stopping).
+
+        Every caller launches the batch right after, so without a rule to check (admission
+        ``none``, no ``max_num_seqs``) the chosen requests are only recorded: the KV they
+        reserve and their Eq. (1) lines (:meth:`take`) would only serve the masks and the
+        observation of the batch being formed, which the launch replaces."""
+        if self.admission == "none" and self.max_num_seqs is None:
+            slots_now = self.slots
+            admitted = [slots_now[s] for s in slots]
+            self.sel.extend(admitted)
+            self.version += 1
+            return admitted
         admitted: list[int] = []
         for s in slots:
             rid = self.slots[s]

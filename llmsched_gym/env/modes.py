@@ -236,9 +236,10 @@ class PriorityMode(Mode):
         if isinstance(scores, str):
             env.invalid(scores)
         else:
-            n = len(dp.slots)
-            by_score = np.argsort(-scores[:n], kind="stable")
-            dp.filter([int(i) for i in by_score if scores[i] >= 0.0], stop_at_first=True)
+            s = scores[: len(dp.slots)]
+            # by decreasing score, ties by slot; those scored >= 0 come first
+            by_score = np.argsort(-s, kind="stable")
+            dp.filter(by_score[: np.count_nonzero(s >= 0.0)].tolist(), stop_at_first=True)
         env.launch(env.budget)
 
     def expert(self, pol: Scheduler, plan: BatchPlan) -> np.ndarray:
