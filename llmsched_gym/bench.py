@@ -14,6 +14,14 @@ Sections (``--only``, repeatable; the default runs engine and env):
   peak RSS of the whole ``llmsched run`` process and its bytes per request (``--quick``: 100k).
 * ``env``: env steps/s of the default action mode with random masked actions on jaillet-high and
   azure-conv.
+* ``train``: end-to-end training speed (env + policy + PPO update: ``model.learn``) of ``llmsched
+  train --scenario azure-conv --action-mode M --timesteps 16384 --score-every 0 --threads 1`` for
+  every action mode ``M``, each in a fresh process on one core: with SB3's ``DummyVecEnv`` of
+  single envs (``--vec dummy``, the recipe's ``n_envs``), with the native vector env at the same
+  ``n_envs`` (``--vec native``, the same computation) and with the native vector env at 16 envs and
+  the same rollout size (``n_steps`` scaled down: a different recipe). Steps per second of
+  ``learn`` by wall clock and per CPU second, and the start-up (interpreter, imports, envs,
+  model: the process's wall time outside ``learn``) apart (``--quick``: 2,048 steps).
 * ``sweep``: the wall time of one ``llmsched compare`` sweep (:data:`SWEEP`, 20 cells) run
   serially, with ``--jobs 2`` and, when the ray extra is installed, on a local Ray instance with 2
   CPUs, the records checked equal; the speed-ups over the serial run and the load average (other
@@ -172,6 +180,69 @@ def bench_sweep(jobs: int = 2, repeats: int = 3) -> dict[str, Any]:
             "loadavg_1min": os.getloadavg()[0]}
 
 
+TRAIN_MODES = ("priority", "select", "subset", "knob", "meta", "tune")
+"""The train section's action modes (the goal of the training-speed issue is priority mode's)."""
+
+
+def train_variants(scenario: str, mode: str, n_envs: int = 16, base_envs: int | None = None,
+                   hyperparams: dict[str, Any] | None = None) -> list[tuple[str, list[str]]]:
+    """The train section's runs of one action mode: (label, extra ``llmsched train`` arguments):
+    ``dummy`` and ``native`` at the recipe's ``n_envs`` (``base_envs`` if given), and ``native xN``
+    at ``n_envs`` envs with ``n_steps`` scaled so that a rollout keeps the recipe's size."""
+    from agents.train import TrainConfig, resolve
+
+    hp = resolve(TrainConfig(scenario=scenario, env_kwargs={"action_mode": mode}, n_envs=base_envs,
+                             hyperparams=dict(hyperparams or {})))
+    envs, steps = int(hp.get("n_envs", 1)), int(hp.get("n_steps", 2048))
+    scaled = max(1, envs * steps // n_envs)
+    return [("dummy", ["--vec", "dummy"]), ("native", ["--vec", "native"]),
+            (f"native x{n_envs}", ["--vec", "native", "--n-envs", str(n_envs), "--hp", f"n_steps={scaled}"])]
+
+
+def bench_train(scenario: str = "azure-conv", modes: tuple[str, ...] = TRAIN_MODES, timesteps: int = 16_384,
+                n_envs: int = 16, base_envs: int | None = None, hyperparams: dict[str, Any] | None = None,
+                overrides: dict[str, Any] | None = None, repeats: int = 1) -> dict[str, Any]:
+    """``llmsched train`` per action mode and vec env (:func:`train_variants`), each in a fresh
+    process with one torch thread; ``repeats`` interleaved rounds, the fastest ``learn`` (CPU) of
+    each kept. ``base_envs``, ``hyperparams`` and ``overrides`` go to every run (``--n-envs``,
+    ``--hp``, ``--set``; the ``native xN`` run's ``--n-envs`` and ``n_steps`` apart)."""
+    import resource
+    import tempfile
+
+    extra = [*(["--n-envs", str(base_envs)] if base_envs else []),
+             *[a for k, v in (hyperparams or {}).items() for a in ("--hp", f"{k}={v}")],
+             *[a for k, v in (overrides or {}).items() for a in ("--set", f"{k}={v}")]]
+    runs: dict[str, dict[str, dict[str, Any]]] = {m: {} for m in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = [(m, label, args) for m in modes
+                for label, args in train_variants(scenario, m, n_envs, base_envs, hyperparams)]
+        for r in range(repeats):
+            for i, (mode, label, args) in enumerate(plan):
+                name = f"r{r}-{i}"
+                cmd = [sys.executable, "-m", "llmsched_gym.cli", "train", "--scenario", scenario, "--action-mode", mode,
+                       "--timesteps", str(timesteps), "--score-every", "0", "--threads", "1", "--out", tmp,
+                       "--name", name, "--no-progress", *extra, *args]
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t0 = time.perf_counter()
+                subprocess.run(cmd, check=True, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"})
+                wall = time.perf_counter() - t0
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                with open(os.path.join(tmp, name, "run.json")) as f:
+                    meta = json.load(f)
+                cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                steps = int(meta["timesteps"])
+                rec = {"steps": steps, "n_envs": int(meta["n_envs"]), "n_steps": int(meta["hyperparams"]["n_steps"]),
+                       "learn_wall_s": meta["learn_wall_s"], "learn_cpu_s": meta["learn_cpu_s"],
+                       "startup_wall_s": wall - meta["learn_wall_s"], "process_wall_s": wall, "process_cpu_s": cpu,
+                       "steps_per_s": steps / meta["learn_wall_s"], "steps_per_cpu_s": steps / meta["learn_cpu_s"],
+                       "steps_per_s_incl_startup": steps / wall, "command": " ".join(["llmsched", *cmd[3:]])}
+                best = runs[mode].get(label)
+                if best is None or rec["learn_cpu_s"] < best["learn_cpu_s"]:
+                    runs[mode][label] = rec
+    return {"scenario": scenario, "timesteps": timesteps, "runs": runs, "loadavg_1min": os.getloadavg()[0]}
+
+
 ENV_SCENARIOS = ("jaillet-high", "azure-conv")
 """Scenarios of the env section (1,000-request episodes each)."""
 
@@ -235,6 +306,23 @@ def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[st
             t.add_row("steps: admit / launch / preempt", *(
                 " / ".join(f"{x:.0%}" for x in r["step_mix"].values()) for r in runs.values()))
             con.print(t)
+    if "train" in sections:
+        tr = bench_train(timesteps=2_048 if quick else 16_384)
+        report["train"] = tr
+        t = Table(title=f"train: llmsched train --scenario {tr['scenario']} --timesteps {tr['timesteps']:,} "
+                        f"--score-every 0 --threads 1, fresh process each (load average {tr['loadavg_1min']:.1f} "
+                        f"on {os.cpu_count()} cores)")
+        for col in ("action mode", "vec env", "envs x steps", "learn steps/s", "steps/CPU-s", "vs dummy (CPU)",
+                    "start-up s", "steps/s incl. start-up"):
+            t.add_column(col, justify="right" if col not in ("action mode", "vec env") else "left")
+        for mode, by_vec in tr["runs"].items():
+            ref = by_vec.get("dummy")
+            for label, r in by_vec.items():
+                t.add_row(mode, label, f"{r['n_envs']} x {r['n_steps']}", f"{r['steps_per_s']:,.0f}",
+                          f"{r['steps_per_cpu_s']:,.0f}",
+                          f"{r['steps_per_cpu_s'] / ref['steps_per_cpu_s']:.2f}x" if ref else "",
+                          f"{r['startup_wall_s']:.1f}", f"{r['steps_per_s_incl_startup']:,.0f}")
+        con.print(t)
     if "sweep" in sections:
         sw = bench_sweep(repeats=1 if quick else 3)
         report["sweep"] = sw

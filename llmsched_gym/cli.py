@@ -303,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("bench", help="speed report", formatter_class=HelpFormatter)
     sp.add_argument("--quick", action="store_true", help="smaller runs (for CI)")
-    sp.add_argument("--only", action="append", choices=("engine", "overload", "memory", "env", "sweep"),
-                    help="sections: engine, overload, memory, env, sweep (repeatable; default: engine and env)")
+    sp.add_argument("--only", action="append", choices=("engine", "overload", "memory", "env", "train", "sweep"),
+                    help="sections: engine, overload, memory, env, train, sweep (repeatable; default: engine and env)")
     sp.add_argument("--json", default=None, metavar="PATH", help="write the report JSON here")
     sp.set_defaults(func=cmd_bench)
 

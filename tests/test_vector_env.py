@@ -270,3 +270,20 @@ def test_env_and_vector_env_agree_on_a_reset_that_ends_the_episode():
     _, rew, term, trunc, _ = vec.step(np.array([32, 32]))
     _, r, te, tr, _ = ref.step(32)
     assert (rew[0], term[0], trunc[0]) == (r, te, tr)
+
+
+def test_bench_train_reports_every_variant_of_each_mode():
+    from llmsched_gym.bench import bench_train
+
+    rep = bench_train("jaillet-high", modes=("priority",), timesteps=64, n_envs=4, base_envs=2,
+                      hyperparams={"n_steps": 32, "batch_size": 32, "n_epochs": 1},
+                      overrides={"workload.n_requests": 12})
+    assert set(rep["runs"]) == {"priority"}
+    for by_vec in rep["runs"].values():
+        assert list(by_vec) == ["dummy", "native", "native x4"]
+        assert [r["n_envs"] for r in by_vec.values()] == [2, 2, 4]
+        # the x4 run keeps the rollout size: 2 envs x 32 steps = 4 envs x 16 steps
+        assert [r["n_steps"] for r in by_vec.values()] == [32, 32, 16]
+        for r in by_vec.values():
+            assert r["steps"] == 64 and r["steps_per_cpu_s"] == pytest.approx(64 / r["learn_cpu_s"])
+            assert 0 < r["learn_wall_s"] < r["process_wall_s"] and r["startup_wall_s"] > 0
