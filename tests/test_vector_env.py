@@ -14,6 +14,7 @@ import pytest
 
 import llmsched_gym  # noqa: F401  (registers the ids)
 from llmsched_gym.config import ConfigError
+from llmsched_gym.env import ENV_ID
 from llmsched_gym.env.bench import random_masked_action
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
 from llmsched_gym.env.vector import LLMSchedVectorEnv
@@ -131,7 +132,7 @@ def test_same_step_autoreset_returns_the_next_episode_and_the_final_observation(
 
 def test_step_limit_truncates_like_time_limit():
     vec = LLMSchedVectorEnv(2, "jaillet-high", K=4, overrides=SMALL, max_episode_steps=5)
-    ref = gym.make("llmsched_gym:LLMSched-v0", scenario="jaillet-high", K=4, overrides=SMALL, max_episode_steps=5)
+    ref = gym.make(f"llmsched_gym:{ENV_ID}", scenario="jaillet-high", K=4, overrides=SMALL, max_episode_steps=5)
     vec.reset(seed=0)
     ref.reset(seed=0)
     launch = 4  # K: the first launch action
@@ -143,7 +144,7 @@ def test_step_limit_truncates_like_time_limit():
 
 
 def test_make_vec_returns_the_native_vector_env_and_bad_arguments_are_one_line_errors():
-    v = gym.make_vec("llmsched_gym:LLMSched-v0", num_envs=2, vectorization_mode="vector_entry_point",
+    v = gym.make_vec(f"llmsched_gym:{ENV_ID}", num_envs=2, vectorization_mode="vector_entry_point",
                      scenario="jaillet-high", K=4, overrides=SMALL)
     assert isinstance(v.unwrapped, LLMSchedVectorEnv) and v.num_envs == 2
     assert v.max_episode_steps == 1_000_000
