@@ -29,7 +29,7 @@ from llmsched_gym.env.vector import MAX_EPISODE_STEPS, LLMSchedVectorEnv
 
 
 class NativeVecEnv(VecEnv):
-    """SB3 ``VecEnv`` of ``n_envs`` LLMSched-v0 simulations in this process.
+    """SB3 ``VecEnv`` of ``n_envs`` LLMSched-v1 simulations in this process.
 
     :param scenario: the scenario (name, file or dict).
     :param env_kwargs: the single env's keyword arguments (``action_mode``, ``K``, ``overrides``...).

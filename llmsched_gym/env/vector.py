@@ -1,6 +1,6 @@
-"""A native vector env: ``N`` simulations of ``LLMSched-v0`` stepped in one process.
+"""A native vector env: ``N`` simulations of ``LLMSched-v1`` stepped in one process.
 
-``gymnasium.make_vec("llmsched_gym:LLMSched-v0", num_envs=N, vectorization_mode="vector_entry_point",
+``gymnasium.make_vec("llmsched_gym:LLMSched-v1", num_envs=N, vectorization_mode="vector_entry_point",
 scenario=..., action_mode=...)`` returns a :class:`LLMSchedVectorEnv`. It holds ``N``
 :class:`~llmsched_gym.env.llmsched_env.LLMSchedEnv` instances (the single env, unchanged) and writes
 their observations, rewards, terminations, truncations and action masks into arrays allocated
@@ -59,7 +59,7 @@ def _mask_len(env: LLMSchedEnv) -> int:
 
 
 class LLMSchedVectorEnv(VectorEnv):
-    """``num_envs`` copies of ``LLMSched-v0`` stepped in this process (see the module docstring).
+    """``num_envs`` copies of ``LLMSched-v1`` stepped in this process (see the module docstring).
 
     :param num_envs: number of simulations ``N``.
     :param scenario: the scenario, as for the single env; every other keyword argument of
