@@ -230,8 +230,10 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
 
 
 def cmd_fidelity(args: argparse.Namespace) -> int:
+    from llmsched_gym.config import check_output_dir
     from llmsched_gym.fidelity import run_fidelity
 
+    check_output_dir(args.out, "--out")
     tps = _tp_list(args.tp) if args.tp else None
     res = run_fidelity(args.profile, args.latency, tps, args.replay, args.out, args.max_tokens, plots=not args.no_plot)
     for r in res["profiles"]:
@@ -246,8 +248,10 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
 
 
 def cmd_import_profile(args: argparse.Namespace) -> int:
+    from llmsched_gym.config import check_output_file
     from llmsched_gym.fidelity import import_profile
 
+    check_output_file(args.out, "--out")
     path = import_profile(args.source, args.out, args.tp)
     print(f"wrote {path}; use it as --latency table:{path}")
     return 0

@@ -396,7 +396,33 @@ HEADER30 = ["## Issue 30", "",
             "The trust rows evaluate an RLlib run folder whose `rl_module/` pickles run `touch MARKER` when",
             "loaded; the agent-file rows edit the `model.json` of the tiny trained agent. Each command runs",
             f"under a {LIMIT_GB} GB address-space limit and a {LIMIT_S} s timeout (what the whole-surface fuzzer",
-            "allows), so a row that would allocate without bound fails here instead of taking the machine."]
+            "allows), so a row that would allocate without bound fails here instead of taking the machine.", "",
+            "The bounds every input is checked against before anything is allocated (each an error naming the",
+            "field and the bound, exit 2):", "",
+            "| input | bound | where |", "|---|---|---|",
+            "| prompt / output tokens of one request (traces, generated, explicit) | 2,147,483,647 | "
+            "`llmsched_gym.core.request.MAX_TOKENS` |",
+            "| arrival time (traces and generated workloads alike) | 1e9 s | `core.request.MAX_ARRIVAL_S` |",
+            "| requests in a workload | 100,000,000 | `config.MAX_REQUESTS` |",
+            "| gamma arrival `cv` | 100 | `core.workload.MAX_CV` |",
+            "| round-count `B` (binomial, uniform) | 100,000 | `core.workload.MAX_ROUND_B` |",
+            "| `engine.latency_noise_cv` | 10 | `config.ENGINE` |",
+            "| env `K` (queue slots) | 4,096 | `env.llmsched_env.MAX_K` |",
+            "| seeds of one `compare`/`evaluate` | 10,000 | `agents.report.MAX_SEEDS` |",
+            "| layer width / layers in `policy_kwargs` (hyperparameter and agent files) | 4,096 / 16 | "
+            "`config.MAX_WIDTH`, `config.MAX_LAYERS` |",
+            "| `n_steps`, `batch_size` / `n_envs` / `n_epochs` | 2^20 / 256 / 10,000 | `config.HYPERPARAMS` |",
+            "| YAML file / values after alias expansion | 16 MiB / 1,000,000 | `config.MAX_YAML_BYTES`, "
+            "`config.MAX_YAML_NODES` |",
+            "| trace file / `table:` latency file / agent JSON / agent weights | 4 GiB / 256 MiB / 64 MiB / 4 GiB | "
+            "`core.traces.MAX_TRACE_BYTES`, `TableLatency.from_csv`, `agents.storage` |",
+            "| a run name (`--name`) | `[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}` | `config.SAFE_NAME` |", "",
+            "Also: a YAML key given twice is an error; only `true`/`false` are booleans (`yes`, `on` stay",
+            "strings); a float where an integer is meant is an error; trace timestamps are ISO 8601 with an",
+            "optional offset (converted to UTC; all rows with one or none); a device or pipe is never read; a",
+            "relative output path may not leave the working folder through a symbolic link, and no symbolic",
+            "link inside an output folder may lead outside it. An exception that is not about the input",
+            "reaches the top as one line `error: internal error (...) in FUNCTION (FILE:LINE)` with exit 70."]
 
 
 def main() -> int:
