@@ -288,3 +288,12 @@ def test_seed_lists_and_queue_slots_are_bounded():
     assert parse_seeds("0-9999") == list(range(10_000))
     with pytest.raises(ConfigError, match=r"^K: must be an integer in \[1, 4096\]"):
         gym.make("llmsched_gym:LLMSched-v1", scenario="jaillet-low", K=10**7)
+
+
+def test_non_finite_latency_coefficients_are_refused():
+    from llmsched_gym.core.latency import make_latency
+
+    with pytest.raises(ValueError, match=r"^latency.prefill_per_seq_s: expected a finite number, got inf$"):
+        make_latency({"type": "affine", "prefill_per_seq_s": float("inf")})
+    with pytest.raises(ValueError, match=r"^latency: affine decode_base_s: expected a finite number, got '1e400'$"):
+        make_latency("affine:decode_base_s=1e400")

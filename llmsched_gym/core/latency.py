@@ -760,6 +760,8 @@ def _kv_args(text: str, allowed: Sequence[str], kind: str) -> dict[str, float]:
             out[key] = float(value)
         except ValueError:
             raise ValueError(f"latency: {kind} {key}: expected a number, got {value.strip()!r}") from None
+        if not math.isfinite(out[key]):
+            raise ValueError(f"latency: {kind} {key}: expected a finite number, got {value.strip()!r}")
     return out
 
 
@@ -773,6 +775,9 @@ _ALLOWED = (
 def _from_dict(spec: Mapping[str, Any]) -> LatencyModel:
     args = dict(spec)
     kind = str(args.pop("type", ""))
+    for key, value in args.items():  # a coefficient of 1e400 (inf) would turn every time into inf or nan
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"latency.{key}: expected a finite number, got {value!r}")
     try:
         if kind == "unit" and not args:
             return UnitLatency()
