@@ -21,7 +21,8 @@ Sections (``--only``, repeatable; the default runs engine and env):
   ``n_envs`` (``--vec native``, the same computation) and with the native vector env at 16 envs and
   the same rollout size (``n_steps`` scaled down: a different recipe). Steps per second of
   ``learn`` by wall clock and per CPU second, and the start-up (interpreter, imports, envs,
-  model: the process's wall time outside ``learn``) apart (``--quick``: 2,048 steps).
+  model: the process's wall time outside ``learn``) apart (``--quick``: 2,048 steps). No behaviour
+  cloning (``--bc-from none``: a recipe's teacher may not be expressible in another action mode).
 * ``sweep``: the wall time of one ``llmsched compare`` sweep (:data:`SWEEP`, 20 cells) run
   serially, with ``--jobs 2`` and, when the ray extra is installed, on a local Ray instance with 2
   CPUs, the records checked equal; the speed-ups over the serial run and the load average (other
@@ -221,7 +222,7 @@ def bench_train(scenario: str = "azure-conv", modes: tuple[str, ...] = TRAIN_MOD
                 name = f"r{r}-{i}"
                 cmd = [sys.executable, "-m", "llmsched_gym.cli", "train", "--scenario", scenario, "--action-mode", mode,
                        "--timesteps", str(timesteps), "--score-every", "0", "--threads", "1", "--out", tmp,
-                       "--name", name, "--no-progress", *extra, *args]
+                       "--name", name, "--no-progress", "--bc-from", "none", *extra, *args]
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t0 = time.perf_counter()
                 subprocess.run(cmd, check=True, capture_output=True, text=True,
