@@ -196,8 +196,10 @@ def train_variants(scenario: str, mode: str, n_envs: int = 16, base_envs: int | 
                              hyperparams=dict(hyperparams or {})))
     envs, steps = int(hp.get("n_envs", 1)), int(hp.get("n_steps", 2048))
     scaled = max(1, envs * steps // n_envs)
-    return [("dummy", ["--vec", "dummy"]), ("native", ["--vec", "native"]),
-            (f"native x{n_envs}", ["--vec", "native", "--n-envs", str(n_envs), "--hp", f"n_steps={scaled}"])]
+    # a per-slot action_bias (priority's ramp) has no meaning in the knob and tune modes: zero there
+    fix = ["--hp", "action_bias=0"] if isinstance(hp.get("action_bias"), list) and mode in ("knob", "tune") else []
+    return [("dummy", [*fix, "--vec", "dummy"]), ("native", [*fix, "--vec", "native"]),
+            (f"native x{n_envs}", [*fix, "--vec", "native", "--n-envs", str(n_envs), "--hp", f"n_steps={scaled}"])]
 
 
 def bench_train(scenario: str = "azure-conv", modes: tuple[str, ...] = TRAIN_MODES, timesteps: int = 16_384,
