@@ -62,8 +62,9 @@ def print_summary(summary: dict[str, Any]) -> None:
 
     from llmsched_gym.data import synthetic_note
 
+    info = f", {summary['information']} output lengths" if summary.get("information") else ""
     t = Table(title=f"{summary['policy']} on {summary['scenario']}{synthetic_note(summary.get('workload_source'))} "
-              f"(seed {summary['seed']})", show_header=True)
+              f"(seed {summary['seed']}{info})", show_header=True)
     t.add_column("metric")
     t.add_column("value", justify="right")
     rows = [
