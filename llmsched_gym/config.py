@@ -216,8 +216,13 @@ SCENARIO: dict[str, Setting] = {
 
 
 def check_engine(section: Any, path: str = "engine") -> dict[str, Any]:
-    """The engine section with every value checked and in its canonical type."""
-    return check_section(path, section, ENGINE)
+    """The engine section with every value checked and in its canonical type, and the fields checked
+    together where one bounds another (a KV cache of at least one block)."""
+    out = check_section(path, section, ENGINE)
+    cap, block = out.get("kv_capacity_tokens"), out.get("block_size")
+    if cap is not None and block is not None and cap < block:  # no block at all: nothing could ever run
+        raise ConfigError(f"{path}.kv_capacity_tokens: {cap} is less than one block ({path}.block_size {block})")
+    return out
 
 
 def check_scenario(spec: Any) -> dict[str, Any]:
