@@ -153,6 +153,12 @@ def test_profile_errors_name_the_field(tmp_path: Path, vidur_dir: Path, capsys):
         make_latency(f"profile:{vidur_dir},bogus=1")
     with pytest.raises(ProfileError, match="file not found"):
         make_latency(f"profile:{tmp_path / 'nope'}")
+    huge = tmp_path / "huge" / "mlp.csv"  # a sparse file: its size is checked before a byte is read
+    huge.parent.mkdir()
+    with huge.open("wb") as f:
+        f.truncate(300 * 2**20)
+    with pytest.raises(ProfileError, match=r"314,572,800 bytes, more than the 268,435,456 a profile may have"):
+        make_latency(f"profile:{huge.parent}")
     bad = tmp_path / "x" / "mlp.csv"
     bad.parent.mkdir()
     bad.write_text("num_tokens,foo\n1,2\n")

@@ -126,6 +126,10 @@ def _gpu_from_path(path: Path) -> GPUSpec | None:
     return None
 
 
+MAX_PROFILE_BYTES = 256 * 2**20
+"""Largest profile CSV read (256 MiB; Vidur's published ``mlp.csv`` files are under 1 MB)."""
+
+
 @functools.lru_cache(maxsize=32)
 def read_vidur_mlp(path: str | Path, model: str | None = None, gpu: str | None = None) -> dict[int, LinearProfile]:
     """Read a Vidur ``mlp.csv`` (or a folder holding one) into one :class:`LinearProfile` per TP degree.
@@ -142,6 +146,10 @@ def read_vidur_mlp(path: str | Path, model: str | None = None, gpu: str | None =
         path = path / "mlp.csv"
     if not path.is_file():
         raise ProfileError(f"profile: {path}: file not found")
+    size = path.stat().st_size
+    if size > MAX_PROFILE_BYTES:
+        raise ProfileError(f"profile: {path}: {size:,} bytes, more than the {MAX_PROFILE_BYTES:,} a profile may have "
+                           "(Vidur's mlp.csv files are under 1 MB)")
     points: dict[int, dict[float, list[float]]] = {}
     proj: dict[int, tuple[float, float]] = {}  # tp -> (tokens, projection seconds) at the smallest batch
     spec: ModelSpec | None = get_model(model) if model else None
