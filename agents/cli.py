@@ -53,6 +53,16 @@ def _policies(text: str | None) -> list[str]:
     return names
 
 
+def _specs(specs: list[str] | None) -> list[str]:
+    """``--policy NAME[:key=value,...]`` entrants, each validated before anything runs; a run is
+    labelled by its spec as given (``sarathi:chunk_size=256``)."""
+    from baselines import validate_spec
+
+    for spec in specs or []:
+        validate_spec(spec, "--policy")
+    return list(specs or [])
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from llmsched_gym.config import check_output_dir, check_run_name
 
@@ -107,7 +117,8 @@ def _evaluate_like(args: argparse.Namespace, models: list[str], default_out: str
         scenario = metas[0]["scenario"]
     out = args.out or str(Path(default_out) / (Path(models[0]).name if models else scenario))
     check_output_dir(out, "--out")
-    compare(scenario, parse_seeds(args.seeds), _loads(args.loads), _policies(args.policies), models, overrides,
+    names = _policies(args.policies) + _specs(args.policy)
+    compare(scenario, parse_seeds(args.seeds), _loads(args.loads), names, models, overrides,
             policy_params, out, plots=not args.no_plots, best=getattr(args, "best", False), quiet=args.quiet,
             settings=settings_from(args), trust_model=getattr(args, "trust_model", False))
     return 0
@@ -125,6 +136,8 @@ def _common_eval(sp: argparse.ArgumentParser, seeds: str, policies: str | None) 
     sp.add_argument("--seeds", default=seeds, help="workload seeds, e.g. 100-104 or 1,3,5")
     sp.add_argument("--loads", default="1", help="arrival-rate multipliers, e.g. 0.8,1,1.2")
     sp.add_argument("--policies", default=policies, help="baselines: comma list, 'all' or 'none'")
+    sp.add_argument("--policy", action="append", metavar="NAME[:k=v,...]",
+                    help="a parameterised baseline to run as well, as `run --policy` takes it (repeatable)")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="scenario override (workload.X, engine.X, latency) or policy.X for the baselines that take X")
     sp.add_argument("--out", default=None, help="report folder (default: runs/eval/MODEL or runs/compare/SCENARIO)")

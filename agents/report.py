@@ -122,10 +122,16 @@ def record_from_result(name: str, seed: int, load: float, summary: dict, request
 
 def run_baseline(spec: dict, name: str, seed: int, load: float = 1.0,
                  policy_params: dict[str, Any] | None = None) -> RunRecord:
-    """Simulate baseline ``name`` on ``spec`` with ``seed`` (the same call ``llmsched run`` makes)."""
+    """Simulate baseline ``name`` on ``spec`` with ``seed`` (the same call ``llmsched run`` makes);
+    ``name`` may carry parameters (``sarathi:chunk_size=256``, :func:`baselines.parse_spec`), which
+    take precedence over ``policy_params``."""
+    from baselines import parse_spec
     from llmsched_gym.sim import simulate
 
-    res = simulate(spec_for_policy(spec, name), name, seed, None, policy_params or None)
+    parsed = parse_spec(name)
+    base, own = (parsed, {}) if isinstance(parsed, str) else (parsed["name"], {k: v for k, v in parsed.items()
+                                                                                if k != "name"})
+    res = simulate(spec_for_policy(spec, base), base, seed, None, {**(policy_params or {}), **own} or None)
     return record_from_result(name, seed, load, res.summary, res.requests, res.iterations)
 
 

@@ -86,3 +86,20 @@ def test_run_benchmark_validates_its_policies_first(tmp_path):
     with pytest.raises(PolicyError, match="policies 'sarathi:chunksize=1': policy.chunksize: unknown parameter"):
         run_benchmark(quick=True, policies=["sarathi:chunksize=1"], out=tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+def test_compare_and_evaluate_take_parameterised_policies_as_run_does(tmp_path, capsys):
+    from llmsched_gym.cli import main
+    from llmsched_gym.sim import simulate
+
+    out = tmp_path / "cmp"
+    assert main(["compare", "--scenario", "jaillet-high", "--seeds", "0", "--set", "workload.n_requests=60",
+                 "--policies", "fcfs", "--policy", "sarathi:chunk_size=128", "--no-plots", "--quiet",
+                 "--out", str(out)]) == 0
+    runs = {r["policy"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    direct = simulate("jaillet-high", {"name": "sarathi", "chunk_size": 128}, 0, {"workload.n_requests": 60}).summary
+    assert runs["sarathi:chunk_size=128"]["metrics"]["mean_e2el_ms"] == direct["serving"]["mean_e2el_ms"]
+    assert main(["compare", "--scenario", "jaillet-high", "--policy", "sarathi:chunksize=1",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "policy.chunksize: unknown parameter of 'sarathi'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before anything ran or was written
