@@ -148,7 +148,7 @@ def _common_eval(sp: argparse.ArgumentParser, seeds: str, policies: str | None) 
 
 def add_subcommands(sub: Any) -> None:
     """Add ``train``, ``evaluate`` and ``compare`` to the main ``llmsched`` parser."""
-    from llmsched_gym.cli import HelpFormatter
+    from llmsched_gym.help import HelpFormatter
 
     from_file = "(default: the hyperparameter file's entry for the scenario)"
     sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v1", formatter_class=HelpFormatter)

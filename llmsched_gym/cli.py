@@ -14,17 +14,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from llmsched_gym.config import ConfigError
+from llmsched_gym.help import HelpFormatter
 from llmsched_gym.parallel import add_arguments as add_parallel_arguments
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` shows each option's default, except for flags, repeatable options that start
-    empty, and options whose help text says what leaving them out means (default ``None``)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or isinstance(action.default, bool) or action.default == []:
-            return action.help
-        return super()._get_help_string(action)
 
 
 def _version() -> str:

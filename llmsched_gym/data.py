@@ -410,7 +410,7 @@ def _cmd_path(args) -> int:
 
 def add_subcommands(sub) -> None:
     """``llmsched data list | download NAME|all | path NAME``."""
-    from llmsched_gym.cli import HelpFormatter as fmt
+    from llmsched_gym.help import HelpFormatter as fmt
     sp = sub.add_parser("data", help="real traces and GPU profiles: list, download, locate",
                         description=__doc__.split("\n\n")[1], formatter_class=fmt)
     dsub = sp.add_subparsers(dest="data_command", required=True)

@@ -342,7 +342,7 @@ def cmd_optimum(args: argparse.Namespace) -> int:
 
 def add_subcommands(sub: Any) -> None:
     """Register ``reproduce`` and ``optimum`` on the main CLI's subparsers."""
-    from llmsched_gym.cli import HelpFormatter
+    from llmsched_gym.help import HelpFormatter
 
     sp = sub.add_parser("reproduce", help="reproduce a paper's results: " + ", ".join(PAPERS),
                         formatter_class=HelpFormatter)

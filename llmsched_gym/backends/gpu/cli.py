@@ -16,7 +16,7 @@ from llmsched_gym.backends.gpu.config import PRESETS
 
 def add_gpu_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``gpu`` command with its ``calibrate`` and ``replay`` subcommands."""
-    from llmsched_gym.cli import HelpFormatter as fmt
+    from llmsched_gym.help import HelpFormatter as fmt
 
     gpu = subparsers.add_parser("gpu", help="time batches on a real GPU: calibrate, replay", formatter_class=fmt)
     sub = gpu.add_subparsers(dest="gpu_command", required=True)
