@@ -28,3 +28,28 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch):
+    """A fresh user: an empty cache, no ../shared, no $LLMSCHED_TRACES, no fallback said yet."""
+    from llmsched_gym import data
+    from llmsched_gym.core import latency
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LLMSCHED_DATA", str(cache))
+    monkeypatch.delenv("LLMSCHED_TRACES", raising=False)
+    monkeypatch.setattr(data, "shared_roots", lambda: [])
+    monkeypatch.setattr(data, "_NOTIFIED", set())
+    monkeypatch.setattr(latency, "_NOTIFIED", set())
+    return cache
+
+
+@pytest.fixture
+def server():
+    """A loopback HTTP server (``tests/test_data.py: _Server``): tests never touch the network."""
+    from test_data import _Server
+
+    s = _Server()
+    yield s
+    s.close()

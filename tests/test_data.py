@@ -73,24 +73,6 @@ class _Server:
         self.httpd.server_close()
 
 
-@pytest.fixture
-def server():
-    s = _Server()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def clone(tmp_path, monkeypatch):
-    """A fresh user: an empty cache, no ../shared, no $LLMSCHED_TRACES, no fallback said yet."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("LLMSCHED_DATA", str(cache))
-    monkeypatch.delenv("LLMSCHED_TRACES", raising=False)
-    monkeypatch.setattr(D, "shared_roots", lambda: [])
-    monkeypatch.setattr(D, "_NOTIFIED", set())
-    return cache
-
-
 def _toy(monkeypatch, server: _Server, body: bytes, name: str = "toy") -> D.Dataset:
     """Register a small known file served at /toy.csv."""
     server.files["/toy.csv"] = body

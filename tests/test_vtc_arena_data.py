@@ -17,23 +17,6 @@ from llmsched_gym.cli import main
 SHARED_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "vtc_arena_real_trace.csv"
 
 
-@pytest.fixture
-def server():
-    s = _Server()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def clone(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("LLMSCHED_DATA", str(cache))
-    monkeypatch.delenv("LLMSCHED_TRACES", raising=False)
-    monkeypatch.setattr(D, "shared_roots", lambda: [])
-    monkeypatch.setattr(D, "_NOTIFIED", set())
-    return cache
-
-
 def results_jsonl(rows: list[tuple[float, int, int, int]]) -> bytes:
     """The artifact's layout: one JSON line, ``result.responses`` one record per request."""
     responses = [{"adapter_dir": f"dummy-lora-7b-rank-8-{c}", "prompt_len": p, "output_len": o,

@@ -8,26 +8,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from llmsched_gym import data as D
 from llmsched_gym.cli import main
-from llmsched_gym.core import latency as L
 from llmsched_gym.sim import simulate, what_runs
 
 AZURE_ROWS = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
     f"2023-11-16 18:15:{10 + i:02d}.0000000,{100 + 7 * i},{20 + i}\n" for i in range(40))
-
-
-@pytest.fixture
-def clone(tmp_path, monkeypatch):
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("LLMSCHED_DATA", str(cache))
-    monkeypatch.delenv("LLMSCHED_TRACES", raising=False)
-    monkeypatch.setattr(D, "shared_roots", lambda: [])
-    monkeypatch.setattr(D, "_NOTIFIED", set())
-    monkeypatch.setattr(L, "_NOTIFIED", set())
-    return cache
 
 
 def test_a_hand_placed_trace_with_other_contents_is_run_but_flagged(clone, capsys):
