@@ -191,8 +191,6 @@ def paired(mine: list[float], theirs: list[float], lower_is_better: bool = True)
         verdict = "-"
     elif np.isfinite(half) and abs(m) > half:
         verdict = "better" if (m < 0) == lower_is_better else "worse"
-    elif not np.isfinite(half) and m == 0:
-        verdict = "tie"
     else:
         verdict = "tie"
     return {"rel": m, "ci95": half, "verdict": verdict}
@@ -551,8 +549,7 @@ def _run_cell(args: tuple) -> tuple:
     if kind == "agent":
         return agent_cell(rest)
     if kind == "reference":
-        value, details = hindsight_cell(rest)
-        return value, details
+        return hindsight_cell(rest)
     return policy_cell(rest)
 
 
