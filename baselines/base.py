@@ -28,10 +28,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import numpy as np
-
 from llmsched_gym.config import ConfigError, coerce_like
-from llmsched_gym.core.batching import chunk_blocks, decode_blocks
 from llmsched_gym.core.information import reason_not_applicable
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
@@ -119,14 +116,14 @@ def finish_prefills(view: EngineView) -> tuple[list[int], int]:
     """
     if not view.n_in_prefill:
         return [], 0
-    prefilled, target, kvt = view.prefilled, view.prefill_target, view.kv_tokens
+    prefilled, target, led = view.prefilled, view.prefill_target, view.ledger
     running = view.running
-    free = view.kv_free // view.block_size - sum(decode_blocks(view, r) for r in running if prefilled[r] >= target[r])
+    free = view.kv_free // view.block_size - sum(led.decode(r) for r in running if prefilled[r] >= target[r])
     out: list[int] = []
     used = 0
     for r in running:
         if prefilled[r] < target[r]:
-            need = chunk_blocks(view, r, int(kvt[r]), int(target[r] - prefilled[r]))
+            need = led.owed(r)
             if need > free:
                 break
             free -= need
@@ -154,101 +151,15 @@ def _fitted(schedule):
     return wrapper
 
 
-def plan_shortfall(view: EngineView, plan: BatchPlan) -> int:
-    """Blocks by which ``plan`` would exceed the KV capacity (``<= 0``: it fits), counted as the
-    engine counts them: the plan's preemptions free their blocks first (shared prefix blocks only
-    when no one else holds them), admissions then take their cached prefix blocks (idle ones become
-    used) or their swapped-out KV back, and the chunks and decodes of the iteration grow."""
-    kv, bs, cfg = view.kv, view.block_size, view.config
-    kvt, prefilled, target, gen, state = view.kv_tokens, view.prefilled, view.prefill_target, view.generated, view.state
-    swapped = view.swapped
-    used = kv.used_blocks
-    refs: dict[int, int] = {}  # reference counts this plan changes
-
-    def ref(h: int) -> int:
-        return refs[h] if h in refs else kv.references(h)
-
-    # 1. preemptions: the victim's state after it (kv tokens, prefilled, target, swapped)
-    after: dict[int, tuple[int, int, int, bool]] = {}
-    swap_s = False
-    for rid in plan.preempt:
-        k, shared = int(kvt[rid]), int(kv.shared[rid])
-        used -= -(-k // bs) - shared
-        for h in kv.block_hashes(rid)[:shared] if shared else ():
-            refs[h] = ref(h) - 1
-            used -= refs[h] == 0
-        if cfg.preempt_mode == "swap":
-            after[rid] = (k, int(prefilled[rid]), int(target[rid]), True)
-            swap_s |= k > 0
-        elif cfg.preempt_mode == "restart":
-            after[rid] = (0, 0, int(view.prompt_tokens[rid]), False)
-        else:
-            after[rid] = (0, 0, int(view.prompt_tokens[rid] + gen[rid]), False)
-    # 2. decodes of the requests running before the admissions
-    dec: list[int] | np.ndarray = []
-    if plan.decode:
-        gone = after.keys() | plan.pause
-        dec = [r for r in view.running if r not in gone and prefilled[r] >= target[r]]
-    # 3. admissions and chunks
-    chunks: list[tuple[int, int, int, int]] = []  # (rid, chunk, kv tokens, prefill left)
-    for rid, chunk in plan.prefill.items():
-        if rid in after:
-            k, p, t, sw = after[rid]
-        elif state[rid] == WAITING:
-            k, p, t, sw = int(kvt[rid]), int(prefilled[rid]), int(target[rid]), bool(swapped[rid])
-        else:  # a running request continues its prefill
-            chunks.append((rid, chunk, int(kvt[rid]), int(target[rid] - prefilled[rid])))
-            continue
-        if sw:
-            used += -(-k // bs)
-            swap_s |= k > 0
-        elif kv.enabled:
-            m = kv.match_blocks(rid)
-            for h in kv.block_hashes(rid)[:m]:
-                r = ref(h)
-                used += r == 0
-                refs[h] = r + 1
-            k = p = m * bs
-        chunks.append((rid, chunk, k, t - p))
-    if swap_s:  # swapped-in requests whose prefill was complete resume decoding (the engine's rule)
-        resumed = [(rid, k) for rid, _, k, left in chunks if left <= 0]
-        chunks = [x for x in chunks if x[3] > 0]
-        if plan.decode:
-            dec = list(dec) + [rid for rid, _ in resumed]
-    grow = 0
-    emits = cfg.prefill_emits_token
-    for _, chunk, k, left in chunks:
-        c = left if chunk == 0 or chunk > left else chunk
-        grow += -(-(k + c + (1 if c == left and emits else 0)) // bs) - -(-k // bs)
-    if len(dec):
-        if bs == 1:
-            grow += len(dec)
-        else:
-            ks = np.array([int(kvt[r]) if r not in after else after[r][0] for r in dec], dtype=np.int64)
-            grow += int(np.count_nonzero(ks % bs == 0))
-    return used + grow - kv.capacity_blocks
-
-
-def _surely_fits(view: EngineView, plan: BatchPlan) -> bool:
-    """A cheap upper bound on the plan's growth fits (the common case: no exact count needed)."""
-    bs = view.block_size
-    kvt, prefilled, target = view.kv_tokens, view.prefilled, view.prefill_target
-    room = view.kv.capacity_blocks - view.kv.used_blocks - len(view.running)
-    for rid in plan.prefill:
-        room -= -(-(int(kvt[rid]) + int(target[rid] - prefilled[rid]) + 1) // bs) + 1
-        if room < 0:
-            return False
-    return room >= 0
-
-
 def fit_plan(view: EngineView, plan: BatchPlan) -> BatchPlan:
     """``plan``, or under ``overflow="forbid"`` a plan the engine accepts when ``plan`` would
     overflow: the admissions are cut to the longest prefix (in the plan's order) that fits, and if
     the running requests alone overflow, the newest of them are preempted (vLLM's rule, with the
     engine's ``preempt_mode``) until the iteration fits. The result never ``hold``s."""
-    if view.config.overflow != "forbid" or plan.idle or _surely_fits(view, plan):
+    led, running = view.ledger, view.running
+    if view.config.overflow != "forbid" or plan.idle or led.surely_fits(plan, len(running)):
         return plan
-    if plan_shortfall(view, plan) <= 0:
+    if led.shortfall(plan, running) <= 0:
         return plan
     state = view.state
     preempt = list(plan.preempt)
@@ -262,13 +173,13 @@ def fit_plan(view: EngineView, plan: BatchPlan) -> BatchPlan:
     lo, hi = 0, len(new) - 1  # the longest admission prefix that fits: shortfall grows with it
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if plan_shortfall(view, with_admissions(mid)) <= 0:
+        if led.shortfall(with_admissions(mid), running) <= 0:
             lo = mid
         else:
             hi = mid - 1
     fitted = with_admissions(lo)
-    victims = [r for r in view.running if r not in preempt]
-    while plan_shortfall(view, fitted) > 0 and victims:
+    victims = [r for r in running if r not in preempt]
+    while led.shortfall(fitted, running) > 0 and victims:
         rid = victims.pop()
         preempt.append(rid)
         keep.pop(rid, None)

@@ -78,7 +78,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from llmsched_gym.core.batching import BatchBuilder, decode_blocks, held_blocks
+from llmsched_gym.core.batching import BatchBuilder
 from llmsched_gym.core.scheduler import BatchPlan, EngineView
 
 from .base import PolicyError, register
@@ -176,10 +176,10 @@ class OrderedBatcher(VLLMFamily):
         worst = sorted(range(len(running)), key=lambda i: (-rkeys[i], -i))
         if not self.outranks(float(wkeys[0]), float(rkeys[worst[0]])):
             return []
-        bs = view.block_size
+        bs, led = view.block_size, view.ledger
         prefilled, target = view.prefilled, view.prefill_target
         dec = [r for r in running if prefilled[r] >= target[r]]
-        free = view.kv_free // bs - sum(decode_blocks(view, r) for r in dec)
+        free = view.kv_free // bs - sum(led.decode(r) for r in dec)
         free -= int(self.watermark * (view.kv_capacity // bs))
         seqs = len(running)
         budget = (self.chunk_size - len(dec)) if self.chunk_size else math.inf
@@ -195,7 +195,7 @@ class OrderedBatcher(VLLMFamily):
                     break
                 victim = running[v]
                 victims.append(victim)
-                free += held_blocks(view, victim)
+                free += led.held(victim)
                 seqs -= 1
                 budget += prefilled[victim] >= target[victim]
                 j += 1

@@ -45,7 +45,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import ClassVar
 
-from llmsched_gym.core.batching import BatchBuilder, chunk_blocks, decode_blocks, preempt_newest
+from llmsched_gym.core.batching import BatchBuilder
+from llmsched_gym.core.ledger import preempt_newest
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
 from .base import PolicyError, configure, finish_prefills, register
@@ -95,7 +96,7 @@ class VLLMV1(VLLMFamily):
                          watermark=self.watermark)
         thr = self.long_prefill_token_threshold
         prefilled, target = view.prefilled, view.prefill_target
-        running = b.running
+        running, led = b.running, b.ledger
         n, free, budget = b.n, b.free, b.budget
         # running requests in admission order: a decode or the next chunk of an unfinished prefill
         # (with a threshold several prefills can be unfinished, interleaved with decodes)
@@ -105,11 +106,11 @@ class VLLMV1(VLLMFamily):
             left = int(target[rid] - prefilled[rid])
             if left > 0:
                 c = min(left, thr, budget) if thr else min(left, budget)
-                need = chunk_blocks(view, rid, int(view.kv_tokens[rid]), c)
+                need = led.chunk(rid, int(view.kv_tokens[rid]), c)
             else:
                 c = 1
-                need = decode_blocks(view, rid)
-            n, free = preempt_newest(view, running, n, rid, need, free, b.preempt)
+                need = led.decode(rid)
+            n, free = preempt_newest(led, running, n, rid, need, free, b.preempt)
             if b.preempt and b.preempt[-1] == rid:
                 break
             free -= need
@@ -133,7 +134,7 @@ class VLLMV0(VLLMFamily):
     params = {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "watermark": 0.01}
 
     def schedule(self, view: EngineView) -> BatchPlan:
-        bs = view.block_size
+        bs, led = view.block_size, view.ledger
         cont, blocks = finish_prefills(view)  # only in the env's meta mode
         free = view.kv_free // bs - blocks
         watermark = int(self.watermark * (view.kv_capacity // bs))
@@ -152,7 +153,7 @@ class VLLMV0(VLLMFamily):
             if prefill and (len(prefill) + 1) * longest > self.max_num_batched_tokens:
                 return False
             hit = view.prefix_match(rid)
-            need = chunk_blocks(view, rid, hit, t - hit) + hit // bs
+            need = led.admission(rid, hit)
             if free - need < watermark:
                 return False
             free -= need
@@ -169,8 +170,8 @@ class VLLMV0(VLLMFamily):
         i = 0
         while i < n:
             rid = running[i]
-            need = decode_blocks(view, rid)
-            n, free = preempt_newest(view, running, n, rid, need, free, preempt)
+            need = led.decode(rid)
+            n, free = preempt_newest(led, running, n, rid, need, free, preempt)
             if preempt and preempt[-1] == rid:
                 break
             free -= need

@@ -58,7 +58,6 @@ import math
 
 import numpy as np
 
-from llmsched_gym.core.batching import chunk_blocks, decode_blocks, held_blocks
 from llmsched_gym.core.latency import LatencyModel, LinearKVLatency
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 from llmsched_gym.fluid import stage_memory, wait_thresholds_fluid, wait_thresholds_practical
@@ -91,21 +90,20 @@ class FCFSGreedyLIFO(Scheduler):
         configure(self, kwargs)
 
     def schedule(self, view: EngineView) -> BatchPlan:
-        bs = view.block_size
+        bs, led = view.block_size, view.ledger
         free = view.kv_free // bs
         cont, need = finish_prefills(view)  # only in the env's meta mode
         room = free - need
         admit: list[int] = []
         for rid in view.waiting:
-            hit = view.prefix_match(rid)
-            c = chunk_blocks(view, rid, hit, int(view.prefill_target[rid]) - hit) + hit // bs
+            c = led.admission(rid, view.prefix_match(rid))
             if c > room:
                 break
             room -= c
             need += c
             admit.append(rid)
         running = view.running
-        grow = {r: decode_blocks(view, r) for r in running}
+        grow = {r: led.decode(r) for r in running}
         need += sum(grow.values())
         preempt: list[int] = []
         n = len(running)
@@ -113,12 +111,11 @@ class FCFSGreedyLIFO(Scheduler):
             n -= 1
             victim = running[n]
             preempt.append(victim)
-            free += held_blocks(view, victim)
+            free += led.held(victim)
             need -= grow[victim]
             if victim in cont:
                 cont.remove(victim)
-                need -= chunk_blocks(view, victim, int(view.kv_tokens[victim]),
-                                     int(view.prefill_target[victim] - view.prefilled[victim]))
+                need -= led.owed(victim)
         hold = not admit and not preempt and not cont
         return BatchPlan(prefill={r: BatchPlan.FULL for r in cont + admit}, preempt=preempt, hold=hold)
 
@@ -272,12 +269,11 @@ def admit_fitting(view: EngineView, candidates: list[int], runs: list[int], rese
     """The head of ``candidates`` whose prefills fit in the KV left after this step's decodes of
     ``runs`` and ``reserved`` blocks (never binds when M^pi <= C; the guard of the WAIT
     docstrings)."""
-    bs = view.block_size
-    free = view.kv_free // bs - sum(decode_blocks(view, r) for r in runs) - reserved
+    led = view.ledger
+    free = view.kv_free // view.block_size - sum(led.decode(r) for r in runs) - reserved
     out = []
     for rid in candidates:
-        hit = view.prefix_match(rid)
-        need = chunk_blocks(view, rid, hit, int(view.prefill_target[rid]) - hit) + hit // bs
+        need = led.admission(rid, view.prefix_match(rid))
         if need > free:
             break
         free -= need

@@ -4,7 +4,7 @@ request that cannot fit even alone is rejected with its reason.
 
 * The configurations reported to abort run to the end with every request accounted for and the KV
   within capacity at every iteration.
-* ``plan_shortfall`` counts exactly what the engine counts: on random engine states (paged KV,
+* the ledger's ``shortfall`` counts exactly what the engine counts: on random engine states (paged KV,
   prefix cache, swap, recompute) and random plans, the engine refuses a plan iff it is positive.
 * A plan that fits passes unchanged (the same object), so runs that never overflow are unchanged.
 """
@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baselines import make_policy
-from baselines.base import fit_plan, plan_shortfall
+from baselines.base import fit_plan
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.latency import UnitLatency
 from llmsched_gym.core.request import Workload
@@ -104,7 +104,7 @@ def _engine(draw, bs: int, mode: str) -> Engine:
 
 @settings(max_examples=150)
 @given(st.data(), st.sampled_from([1, 4, 16]), st.sampled_from(["recompute", "restart", "swap"]))
-def test_plan_shortfall_is_what_the_engine_refuses(data, bs, mode):
+def test_the_ledgers_shortfall_is_what_the_engine_refuses(data, bs, mode):
     e = _engine(data.draw, bs, mode)
     if not e.poll():
         return
@@ -114,7 +114,7 @@ def test_plan_shortfall_is_what_the_engine_refuses(data, bs, mode):
     chosen = data.draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
     prefill = {r: data.draw(st.integers(0, 50)) for r in chosen}
     plan = BatchPlan(prefill=prefill, preempt=preempt, decode=data.draw(st.booleans()))
-    short = plan_shortfall(view, plan)
+    short = view.ledger.shortfall(plan, view.running)
     trial = copy.deepcopy(e)
     try:
         trial.execute(plan)
@@ -128,5 +128,5 @@ def test_plan_shortfall_is_what_the_engine_refuses(data, bs, mode):
     if not refused:
         assert fitted is plan
     else:
-        assert plan_shortfall(view, fitted) <= 0
+        assert view.ledger.shortfall(fitted, view.running) <= 0
         copy.deepcopy(e).execute(fitted)

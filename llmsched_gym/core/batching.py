@@ -16,9 +16,9 @@ vLLM's v1 scheduler form it:
 An unlimited budget (``None``) is whole-prompt prefill: decodes are never paused and every
 admitted request prefills its whole prompt in the iteration it is admitted.
 
-Memory is counted in blocks as the engine counts it: a decode needs a new block only when its
-last block is full, and the final prefill chunk also stores output token 1 when prefill emits
-it. With ``reserve=True`` (Sarathi as Vidur implements it) the blocks still owed to unfinished
+Memory is counted by the engine's :class:`~llmsched_gym.core.ledger.Ledger`, as the engine
+counts it: a decode needs a new block only when its last block is full, and the final prefill
+chunk also stores output token 1 when prefill emits it. With ``reserve=True`` (Sarathi as Vidur implements it) the blocks still owed to unfinished
 prefills stay reserved and an admission must fit its whole prompt; with ``reserve=False`` (vLLM
 v1) only the chunk of this iteration is checked.
 """
@@ -27,42 +27,10 @@ from __future__ import annotations
 
 import math
 
+from llmsched_gym.core.ledger import preempt_newest
 from llmsched_gym.core.scheduler import BatchPlan, EngineView
 
 UNLIMITED = math.inf
-
-
-def decode_blocks(view: EngineView, rid: int) -> int:
-    """Blocks a decode step of ``rid`` allocates (1 when its last block is full)."""
-    return 1 if int(view.kv_tokens[rid]) % view.block_size == 0 else 0
-
-
-def chunk_blocks(view: EngineView, rid: int, start: int, chunk: int) -> int:
-    """Blocks added when ``rid`` prefills ``chunk`` tokens on top of ``start`` computed ones."""
-    last = start + chunk >= int(view.prefill_target[rid])
-    end = start + chunk + (1 if last and view.prefill_emits_token else 0)
-    bs = view.block_size
-    return -(-end // bs) - -(-start // bs)
-
-
-def held_blocks(view: EngineView, rid: int) -> int:
-    """Blocks ``rid`` holds now."""
-    return view.blocks_for(int(view.kv_tokens[rid]))
-
-
-def preempt_newest(view: EngineView, running: list[int], n: int, rid: int, need: int, free: int,
-                   preempt: list[int], reserved: dict[int, int] | None = None) -> tuple[int, int]:
-    """vLLM's rule: while ``need`` blocks are missing for ``rid``, preempt the newest of
-    ``running[:n]`` (``rid`` itself last). Returns the new ``n`` and free blocks; ``rid`` was
-    preempted when it ends ``preempt``. ``reserved`` blocks of a victim are released too."""
-    while need > free:
-        n -= 1
-        victim = running[n]
-        preempt.append(victim)
-        if victim == rid:
-            break
-        free += held_blocks(view, victim) + (reserved.pop(victim, 0) if reserved else 0)
-    return n, free
 
 
 class BatchBuilder:
@@ -81,13 +49,14 @@ class BatchBuilder:
     admits without checking (the engine's overflow handler then decides).
     """
 
-    __slots__ = ("view", "budget", "reserve", "max_num_seqs", "watermark_blocks", "running", "n",
+    __slots__ = ("view", "ledger", "budget", "reserve", "max_num_seqs", "watermark_blocks", "running", "n",
                  "reserved", "free", "prefill", "preempt", "pause", "seqs", "_gone")
 
     def __init__(self, view: EngineView, budget: float | None = None, reserve: bool = True,
                  max_num_seqs: int | None = None, watermark: float = 0.0,
                  preempted: list[int] | tuple[int, ...] = ()) -> None:
         self.view = view
+        self.ledger = led = view.ledger
         self.budget = UNLIMITED if budget is None else budget
         self.reserve = reserve
         self.max_num_seqs = max_num_seqs
@@ -102,10 +71,10 @@ class BatchBuilder:
         if reserve:
             for r in running:
                 if prefilled[r] < target[r]:
-                    self.reserved[r] = chunk_blocks(view, r, int(kvt[r]), int(target[r] - prefilled[r]))
+                    self.reserved[r] = led.chunk(r, int(kvt[r]), int(target[r] - prefilled[r]))
         free = view.kv_free // bs - sum(self.reserved.values())
         for r in preempted:
-            free += held_blocks(view, r)
+            free += led.held(r)
         self.free = free
         self.prefill: dict[int, int] = {}
         self.preempt: list[int] = list(preempted)
@@ -135,6 +104,7 @@ class BatchBuilder:
             return
         prefilled, target = view.prefilled, view.prefill_target
         n, free, budget = self.n, self.free, self.budget
+        led = self.ledger
         mid = self.reserved if self.reserve else None
         i = 0
         while i < n and budget > 0:
@@ -142,9 +112,9 @@ class BatchBuilder:
             if (rid in mid) if mid is not None else prefilled[rid] < target[rid]:
                 i += 1
                 continue
-            need = decode_blocks(view, rid)
+            need = led.decode(rid)
             if preempt and need > free:
-                n, free = preempt_newest(view, running, n, rid, need, free, self.preempt, self.reserved)
+                n, free = preempt_newest(led, running, n, rid, need, free, self.preempt, self.reserved)
                 if self.preempt[-1] == rid:
                     break
             free -= need
@@ -168,7 +138,7 @@ class BatchBuilder:
                 self.prefill[rid] = c
                 self.budget -= c
                 if not self.reserve:
-                    self.free -= chunk_blocks(view, rid, int(kvt[rid]), c)
+                    self.free -= self.ledger.chunk(rid, int(kvt[rid]), c)
 
     def admit(self, rid: int, check: bool = True, chunk_cap: int = 0) -> bool:
         """Phase 3: admit waiting request ``rid`` with a chunk of what the budget leaves.
@@ -180,14 +150,13 @@ class BatchBuilder:
         if self.budget <= 0 or (self.max_num_seqs is not None and self.seqs >= self.max_num_seqs):
             return False
         view = self.view
-        bs = view.block_size
         hit = view.prefix_match(rid)
         left = int(view.prefill_target[rid]) - hit
         c = left if left <= self.budget else int(self.budget)
         if chunk_cap and c > chunk_cap:
             c = chunk_cap
         if check:
-            need = chunk_blocks(view, rid, hit, left if self.reserve else c) + hit // bs
+            need = self.ledger.admission(rid, hit, None if self.reserve else c)
             if self.free - need < self.watermark_blocks:
                 return False
             self.free -= need

@@ -50,6 +50,7 @@ import numpy as np
 from llmsched_gym.config import ConfigError, check_engine
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.latency import LatencyModel
+from llmsched_gym.core.ledger import Ledger
 from llmsched_gym.core.metrics import LOG_COLUMNS, IterationLog
 from llmsched_gym.core.queue import WaitingQueue
 from llmsched_gym.core.request import Workload
@@ -312,6 +313,7 @@ class Engine:
         self._hook_finish = scheduler.wants("on_finish")
         self._composition = bool(getattr(latency, "needs_composition", False))
         self._init_requests(workload)
+        self.ledger = Ledger.of(self)
         self.counters = Counters()
         self.clock = 0.0
         self.next_idx = 0
@@ -547,25 +549,10 @@ class Engine:
 
     def _growth(self, prefill, ds: _DecodeSet | None, dec: np.ndarray) -> tuple[list[tuple[int, int, bool]], int]:
         """Step 3: the chunks ``(rid, tokens, last)`` and the blocks this iteration allocates."""
-        emits = self.config.prefill_emits_token
-        bs = self.kv.block_size
-        kvt, pre, tgt = self.kv_tokens, self.prefilled, self.prefill_target
-        chunks: list[tuple[int, int, bool]] = []
-        grow = 0
-        for rid, chunk in prefill:
-            remaining = int(tgt[rid] - pre[rid])
-            c = remaining if chunk == 0 or chunk > remaining else chunk
-            last = c == remaining
-            k0 = int(kvt[rid])
-            grow += -(-(k0 + c + (1 if (last and emits) else 0)) // bs) - -(-k0 // bs)
-            chunks.append((rid, c, last))
+        led = self.ledger
+        chunks, grow = led.chunks(prefill)
         if len(dec):
-            if bs == 1:
-                grow += len(dec)
-            elif ds is not None:
-                grow += ds.cnt[ds.step % bs]
-            else:
-                grow += int(np.count_nonzero(kvt[dec] % bs == 0))
+            grow += led.decodes(dec, ds.cnt, ds.step) if ds is not None else led.decodes(dec)
         return chunks, grow
 
     def _overflow(self, chunks, dec, grow: int):
@@ -573,7 +560,7 @@ class Engine:
         says whether to clear after the iteration (``clear_all``, ``clear_bernoulli``)."""
         mode = self.config.overflow
         if mode == "forbid":
-            self._refuse(chunks, dec, grow)
+            raise PlanError(self.ledger.refusal(chunks, dec, grow))
         if mode in ("preempt_lifo_recompute", "swap"):
             return (*self._make_room(chunks, dec, mode), False)
         self.counters.n_overflow_events += 1
@@ -768,34 +755,12 @@ class Engine:
         return swap_s
 
     def _make_room(self, chunks, dec, mode):
-        """vLLM: preempt the newest running requests until the iteration fits."""
-        kv, bs, kvt = self.kv, self.kv.block_size, self.kv_tokens
-        emits = self.config.prefill_emits_token
-        growth: dict[int, int] = {}  # prefill chunks' blocks
-        for rid, c, last in chunks:
-            k0 = int(kvt[rid])
-            growth[rid] = -(-(k0 + c + (1 if last and emits else 0)) // bs) - -(-k0 // bs)
-        total = sum(growth.values())
-        if len(dec):
-            total += len(dec) if bs == 1 else int(np.count_nonzero(kvt[dec] % bs == 0))
+        """vLLM: preempt the newest running requests until the iteration fits (the ledger picks them)."""
+        victims, n_dec_gone, total = self.ledger.victims(chunks, dec, self.running)
         preempt_mode = "swap" if mode == "swap" else self.config.preempt_mode
         swap_s = 0.0
-        victims: list[int] = []
-        # decodes run in running order and the victims are the newest: a victim that decodes is
-        # the last of ``dec`` not yet taken, and the victims' decodes end ``dec``
-        n_dec_gone = 0
-        while kv.used_blocks + total > kv.capacity_blocks:
-            if not self.running:
-                raise PlanError("overflow: nothing left to preempt")
-            victim = self.running[-1]
-            g = growth.pop(victim, 0)
-            if n_dec_gone < len(dec) and dec[len(dec) - 1 - n_dec_gone] == victim:
-                # its decode's block, counted before the preemption zeroes its KV
-                g += 1 if bs == 1 or kvt[victim] % bs == 0 else 0
-                n_dec_gone += 1
-            total -= g
+        for victim in victims:
             swap_s += self._preempt(victim, preempt_mode)
-            victims.append(victim)
         if victims:
             gone = set(victims)
             self.waiting.push_front(victims[::-1])
@@ -803,16 +768,6 @@ class Engine:
             if n_dec_gone:
                 dec = dec[: len(dec) - n_dec_gone]
         return chunks, dec, total, swap_s, len(victims)
-
-    def _refuse(self, chunks, dec, grow_blocks: int) -> None:
-        kv = self.kv
-        short = kv.used_blocks + grow_blocks - kv.capacity_blocks
-        unit = "tokens" if kv.block_size == 1 else f"blocks of {kv.block_size}"
-        who = f"request {chunks[-1][0]} (prefill {chunks[-1][1]} tokens)" if chunks else f"{len(dec)} decodes"
-        raise PlanError(
-            f"overflow: the plan needs {short} more {unit} than the KV capacity "
-            f"({kv.capacity_blocks} {unit}, {kv.used_blocks} used); last admitted: {who}"
-        )
 
     def _clear(self, mode: str) -> None:
         """Jaillet et al. 2025's clearing: running requests go back to the queue, progress lost."""

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from llmsched_gym.core.engine import Engine, EngineConfig
     from llmsched_gym.core.kv import KVCache
     from llmsched_gym.core.latency import LatencyModel
+    from llmsched_gym.core.ledger import Ledger
     from llmsched_gym.core.request import Workload
 
 
@@ -110,6 +111,8 @@ class EngineView:
     ``kv``                    the engine's :class:`~llmsched_gym.core.kv.KVCache` (block
                               hashes, LRU order, ``match_detail``); cache-aware policies
                               read it, and ``set_eviction_priority`` is its one write
+    ``ledger``                the engine's :class:`~llmsched_gym.core.ledger.Ledger`: the
+                              blocks a decode, chunk, admission or plan needs
     ``next_arrival_s``        time of the next not-yet-arrived request (``inf`` if none)
     ``latency``               the batch-time model (for policies that estimate time)
     ``config``                the :class:`EngineConfig`
@@ -127,6 +130,12 @@ class EngineView:
     @property
     def kv(self) -> KVCache:
         return self._e.kv
+
+    @property
+    def ledger(self) -> Ledger:
+        """The engine's memory ledger: how many KV blocks a decode, a chunk, an admission or a whole
+        plan needs, counted as the engine counts them (:mod:`llmsched_gym.core.ledger`)."""
+        return self._e.ledger
 
     # clock and sets
     @property

@@ -7,10 +7,12 @@ mode: one request or one preemption per step) it keeps the batch being formed: t
 requests (``sel``), the running requests chosen for preemption (``victims``) and the blocks
 they reserve or release, so that the masks stay exact without touching the engine.
 
-Memory is counted in whole blocks, as the engine counts it: ``free`` is the capacity minus the
-blocks in use, minus this iteration's decode growth, minus the blocks still owed to unfinished
-(chunked) prefills, minus what the batch being formed has reserved, plus what its preemptions
-release.
+Memory is counted in whole blocks by the engine's :class:`~llmsched_gym.core.ledger.Ledger`:
+``free`` is the capacity minus the blocks in use, minus this iteration's decode growth, minus the
+blocks still owed to unfinished (chunked) prefills (:meth:`~llmsched_gym.core.ledger.Ledger.growth`
+of each running request), minus what the batch being formed has reserved (each admission its
+whole prompt, :meth:`~llmsched_gym.core.ledger.Ledger.whole_prompt`), plus what its preemptions
+release (:meth:`~llmsched_gym.core.ledger.Ledger.own` and the victim's growth).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class DecisionPoint:
         """Per-request tables of a new episode (``e`` is the episode's engine)."""
         wl, kv = e.workload, e.kv
         self.e = e
+        self.led = led = e.ledger
         self.bs = kv.block_size
         self.pad = kv.block_size - 1
         self.emit = 1 if e.config.prefill_emits_token else 0
@@ -75,7 +78,7 @@ class DecisionPoint:
         # per request, constant until it is preempted (refresh): KV blocks its admission needs,
         # its Eq. (1) line as a candidate (completion point c, base b)
         target = wl.prompt_tokens
-        self.need = (target + (self.emit + self.pad)) // self.bs
+        self.need = led.whole_prompt(target)
         self.cand_c = np.maximum(self.pred, 1) + (1 - self.emit)
         self.cand_b = target + (self.emit - 1 + self.pad)
         self.room = np.zeros(n, np.int64)
@@ -96,10 +99,10 @@ class DecisionPoint:
         e = self.e
         target = int(self.target[rid])
         rem = max(int(self.pred[rid] - self.gen[rid]), 1)
-        if e.swapped[rid]:
-            self.need[rid] = (int(self.kvt[rid]) + 1 + self.pad) // self.bs
+        if e.swapped[rid]:  # its KV back, then a decode (or the rest of its prefill)
+            self.need[rid] = self.led.blocks(int(self.kvt[rid]) + 1)
         else:
-            self.need[rid] = (target + self.emit + self.pad) // self.bs
+            self.need[rid] = self.led.whole_prompt(target)
         self.cand_c[rid] = rem + 1 - self.emit
         self.cand_b[rid] = target + self.emit - 1 + self.pad
 
@@ -169,7 +172,7 @@ class DecisionPoint:
         removes its victim in place, :meth:`drop_running`): each one's Eq. (1) line (remaining
         output ``rem``, base ``line_base``, see :meth:`residents`), the prompt tokens it still owes
         and the batch shape (:meth:`batch_shape`). Returns the blocks they add next iteration."""
-        e, bs, emit, pad = self.e, self.bs, self.emit, self.pad
+        e, emit, pad = self.e, self.emit, self.pad
         self.running_ok = True
         self.residents_ok = False
         run = self.survivors()
@@ -200,15 +203,7 @@ class DecisionPoint:
             base = kvt + pad if pad else kvt
             self.shape = (n, int(kvt.sum()), 0, 0, 0)
             self.run_left = None
-        # blocks(x) = -(-x // bs); a request adds blocks(KV + owed + emitted) - blocks(KV), where
-        # a decode emits 1 and an unfinished prefill 1 on its last chunk if prefill emits a token:
-        # KV + owed + emitted = base - pad + 1 in both cases
-        if bs == 1:
-            growth = n + self.shape[3] - (0 if emit else self.shape[2])
-        elif self.run_left is None:  # decodes only: a new block where the last one is full
-            growth = int(np.count_nonzero(kvt % bs == 0))
-        else:
-            growth = int(((base + 1) // bs - (kvt + pad) // bs).sum())
+        growth = self.led.running_growth(kvt, self.run_left)
         self.n_run = n
         self.rem, self.line_base = rem, base
         return growth
@@ -251,11 +246,7 @@ class DecisionPoint:
     def growth(self, rid: int) -> int:
         """Blocks running request ``rid`` adds in the next iteration if it runs: a decode's new
         block, or everything its unfinished prefill still owes (reserved)."""
-        kvt, bs = int(self.kvt[rid]), self.bs
-        left = int(self.target[rid] - self.prefilled[rid])
-        if left > 0:
-            return -(-(kvt + left + self.emit) // bs) - -(-kvt // bs)
-        return 1 if kvt % bs == 0 else 0
+        return self.led.growth(rid)
 
     def survivors(self) -> list[int]:
         """Running requests not chosen for preemption."""
@@ -340,8 +331,8 @@ class DecisionPoint:
     def preempt(self, rid: int) -> None:
         """Choose running request ``rid`` for preemption: its blocks and its growth are released."""
         self.victims.append(rid)
-        held = -(-int(self.kvt[rid]) // self.bs) - int(self.e.kv.shared[rid])  # shared prefix blocks stay
-        self.free += held + self.growth(rid)
+        held = self.led.own(rid)  # shared prefix blocks stay
+        self.free += held + self.led.growth(rid)
         self.released += held
         if self.running_ok:
             self.drop_running(rid)

@@ -1,0 +1,359 @@
+"""The memory ledger: one place that answers how many KV blocks an iteration needs.
+
+Every part of the simulator that asks "does this batch fit, what must be preempted, what will it
+need" asks this module: the engine before it runs an iteration (:meth:`Ledger.iteration`,
+:meth:`Ledger.victims`), the batch former shared by the engine policies and the env
+(:class:`~llmsched_gym.core.batching.BatchBuilder`), the env's decision point (its masks and
+admission rule) and the plan repair of the baselines (:meth:`Ledger.shortfall`). One rule, so that
+a policy's estimate and the engine's verdict cannot drift apart.
+
+The rule, in blocks of ``block_size`` tokens (``block_size = 1`` is the papers' token-level
+model; the engine's :class:`~llmsched_gym.core.kv.KVCache` counts the same way):
+
+* a request holding ``k`` KV tokens holds ``blocks(k) = ceil(k / block_size)`` blocks, of which its
+  first ``kv.shared[rid]`` may be prefix-cache blocks shared with other requests;
+* a decode adds a block exactly when the request's last block is full (``k % block_size == 0``);
+  every running request whose prefill is complete decodes in lockstep, one token per iteration;
+* a prefill chunk of ``c`` tokens on top of ``k`` adds ``blocks(k + c + e) - blocks(k)``, where
+  ``e = 1`` on the final chunk when prefill emits output token 1 (real engines) and 0 otherwise;
+* an admission first takes its prefix-cache hit (the matched head blocks, which become used when
+  they were idle) or, after a swap preemption, its swapped-out KV back (``blocks(k)``);
+* a preemption frees the victim's blocks except the shared prefix blocks that another running
+  request still references (those it alone held become idle: cached, counted as free).
+
+Some callers ask on purpose for a cruder figure than the exact one, and the ledger names each:
+:meth:`Ledger.admission` charges an admission its hit blocks as if newly allocated and
+:meth:`Ledger.held` counts shared blocks as freed (the batch former's rule, as vLLM's scheduler
+estimates), :meth:`Ledger.own` leaves shared blocks out (the decision point's). The exact verdict
+(:meth:`Ledger.shortfall`, :meth:`Ledger.victims`) replays the prefix cache's reference counts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from llmsched_gym.core.scheduler import BatchPlan, PlanError
+
+if TYPE_CHECKING:
+    from llmsched_gym.core.kv import KVCache
+
+WAITING, RUNNING = 1, 2
+
+Chunk = tuple[int, int, bool]
+"""``(request id, prompt tokens this iteration, whether it is the prompt's final chunk)``."""
+
+
+class Ledger:
+    """The KV-block accounting of one engine (see the module docstring).
+
+    :param kv: the engine's KV cache (capacity, blocks in use, prefix cache).
+    :param prefill_emits_token: the final prefill chunk stores output token 1 too.
+    :param state: per-request state array (1 waiting, 2 running).
+    :param prefilled: per-request prompt tokens whose KV is computed.
+    :param prefill_target: per-request tokens to prefill at (re)admission.
+    :param kv_tokens: per-request KV tokens held.
+    :param generated: per-request output tokens produced.
+    :param swapped: per-request flag: the KV is swapped out to host memory.
+    :param prompt_tokens: per-request prompt length.
+    :param preempt_mode: what a preemption does to a request's progress (``recompute``,
+        ``restart`` or ``swap``; see :class:`~llmsched_gym.core.engine.EngineConfig`).
+
+    The arrays are the engine's own (read, never written): the ledger always sees the current
+    state. Build it with :meth:`of` from an engine.
+    """
+
+    __slots__ = ("kv", "bs", "emit", "state", "prefilled", "target", "kvt", "gen", "swapped", "prompt",
+                 "preempt_mode")
+
+    def __init__(self, kv: KVCache, prefill_emits_token: bool, state: np.ndarray, prefilled: np.ndarray,
+                 prefill_target: np.ndarray, kv_tokens: np.ndarray, generated: np.ndarray, swapped: np.ndarray,
+                 prompt_tokens: np.ndarray, preempt_mode: str = "recompute") -> None:
+        self.kv = kv
+        self.bs = kv.block_size
+        self.emit = 1 if prefill_emits_token else 0
+        self.state, self.prefilled, self.target, self.kvt = state, prefilled, prefill_target, kv_tokens
+        self.gen, self.swapped, self.prompt = generated, swapped, prompt_tokens
+        self.preempt_mode = preempt_mode
+
+    @classmethod
+    def of(cls, engine) -> Ledger:
+        """The ledger of ``engine`` (an :class:`~llmsched_gym.core.engine.Engine`)."""
+        return cls(engine.kv, engine.config.prefill_emits_token, engine.state, engine.prefilled,
+                   engine.prefill_target, engine.kv_tokens, engine.generated, engine.swapped,
+                   engine.workload.prompt_tokens, engine.config.preempt_mode)
+
+    # ---- the rule, per request ------------------------------------------------------------------
+    def blocks(self, tokens):
+        """Blocks that hold ``tokens`` tokens (an int, or element-wise on an integer array)."""
+        return -(-tokens // self.bs)
+
+    def step(self, k0: int, chunk: int, last: bool) -> int:
+        """Blocks added when a request holding ``k0`` tokens prefills ``chunk`` more, storing output
+        token 1 too when ``last`` and prefill emits it."""
+        bs = self.bs
+        return -(-(k0 + chunk + (self.emit if last else 0)) // bs) - -(-k0 // bs)
+
+    def chunk(self, rid: int, start: int, chunk: int) -> int:
+        """Blocks added when ``rid`` prefills ``chunk`` tokens on top of ``start`` computed ones (the
+        final chunk when it reaches the request's prefill target)."""
+        last = start + chunk >= int(self.target[rid])
+        bs = self.bs
+        end = start + chunk + (self.emit if last else 0)
+        return -(-end // bs) - -(-start // bs)
+
+    def decode(self, rid: int) -> int:
+        """Blocks a decode step of ``rid`` allocates (1 when its last block is full)."""
+        return 1 if int(self.kvt[rid]) % self.bs == 0 else 0
+
+    def owed(self, rid: int) -> int:
+        """Blocks running ``rid``'s unfinished prefill still adds (0 when its prefill is complete)."""
+        left = int(self.target[rid] - self.prefilled[rid])
+        return self.chunk(rid, int(self.kvt[rid]), left) if left > 0 else 0
+
+    def growth(self, rid: int) -> int:
+        """Blocks running ``rid`` adds if it runs to the end of its prefill (its owed blocks) or,
+        when its prefill is complete, decodes once."""
+        kvt = int(self.kvt[rid])
+        left = int(self.target[rid] - self.prefilled[rid])
+        if left > 0:
+            bs = self.bs
+            return -(-(kvt + left + self.emit) // bs) - -(-kvt // bs)
+        return 1 if kvt % self.bs == 0 else 0
+
+    def held(self, rid: int) -> int:
+        """Blocks ``rid`` holds now, shared prefix blocks included."""
+        return -(-int(self.kvt[rid]) // self.bs)
+
+    def own(self, rid: int) -> int:
+        """Blocks ``rid`` holds that no other request shares (freed for sure by its preemption)."""
+        return -(-int(self.kvt[rid]) // self.bs) - int(self.kv.shared[rid])
+
+    def admission(self, rid: int, hit: int, chunk: int | None = None) -> int:
+        """Blocks waiting ``rid`` is charged when admitted with a prefix hit of ``hit`` tokens and a
+        first chunk of ``chunk`` tokens (``None``: the rest of its prompt): the chunk's growth plus
+        the hit's blocks, counted as if newly allocated (an upper bound: idle cached blocks are)."""
+        left = int(self.target[rid]) - hit
+        return self.chunk(rid, hit, left if chunk is None else chunk) + hit // self.bs
+
+    # ---- the rule, element-wise on arrays (the env's decision point) -----------------------------
+    def whole_prompt(self, target: np.ndarray) -> np.ndarray:
+        """Blocks of a prefill of ``target`` tokens from nothing, with output token 1 when prefill
+        emits it (element-wise): what an admission of the whole prompt holds after its iteration."""
+        return (target + (self.emit + self.bs - 1)) // self.bs
+
+    def running_growth(self, kvt: np.ndarray, left: np.ndarray | None) -> int:
+        """Blocks the running requests with KV ``kvt`` add when each decodes once (``left == 0``)
+        or runs its unfinished prefill (``left`` tokens owed) to the end (:meth:`growth`, summed).
+        ``left=None``: every one of them decodes."""
+        bs = self.bs
+        if left is None:
+            return len(kvt) if bs == 1 else int(np.count_nonzero(kvt % bs == 0))
+        if bs == 1:  # a decode adds 1, a prefill what it owes (and token 1 when prefill emits it)
+            return len(kvt) + int(left.sum()) - (0 if self.emit else int(np.count_nonzero(left)))
+        emitted = np.where(left > 0, self.emit, 1)
+        return int((-(-(kvt + left + emitted) // bs) - -(-kvt // bs)).sum())
+
+    # ---- one iteration of the engine -----------------------------------------------------------
+    def chunks(self, prefill: list[tuple[int, int]]) -> tuple[list[Chunk], int]:
+        """The plan's prefill entries ``(rid, chunk)`` (``0`` or more than remains: the rest of the
+        prompt) as ``(rid, tokens, last)`` chunks of requests already admitted, and their blocks."""
+        emit, bs = self.emit, self.bs
+        kvt, pre, tgt = self.kvt, self.prefilled, self.target
+        out: list[Chunk] = []
+        grow = 0
+        for rid, chunk in prefill:
+            remaining = int(tgt[rid] - pre[rid])
+            c = remaining if chunk == 0 or chunk > remaining else chunk
+            last = c == remaining
+            k0 = int(kvt[rid])
+            grow += -(-(k0 + c + (emit if last else 0)) // bs) - -(-k0 // bs)
+            out.append((rid, c, last))
+        return out, grow
+
+    def decodes(self, dec: np.ndarray, lockstep_cnt: list[int] | None = None, step: int = 0) -> int:
+        """Blocks one decode iteration of requests ``dec`` allocates. ``lockstep_cnt``: the engine's
+        decode-set counts (members whose last block fills at each step modulo ``block_size``), which
+        give the same number without reading ``dec``'s KV."""
+        if not len(dec):
+            return 0
+        bs = self.bs
+        if bs == 1:
+            return len(dec)
+        if lockstep_cnt is not None:
+            return lockstep_cnt[step % bs]
+        return int(np.count_nonzero(self.kvt[dec] % bs == 0))
+
+    def fits(self, grow: int) -> bool:
+        """Whether ``grow`` more blocks fit in the capacity (idle cached blocks are evicted for them)."""
+        return self.kv.used_blocks + grow <= self.kv.capacity_blocks
+
+    def victims(self, chunks: list[Chunk], dec: np.ndarray, running: list[int]) -> tuple[list[int], int, int]:
+        """vLLM's rule for an iteration that does not fit: preempt the newest running requests until
+        it does. Returns the victims (newest first), how many of them are the last entries of
+        ``dec`` (their decodes leave the batch) and the iteration's blocks without the victims'.
+        Raises :class:`PlanError` when preempting every running request is not enough."""
+        bs, kvt = self.bs, self.kvt
+        growth: dict[int, int] = {}  # prefill chunks' blocks
+        for rid, c, last in chunks:
+            growth[rid] = self.step(int(kvt[rid]), c, last)
+        total = sum(growth.values()) + self.decodes(dec)
+        tally = _Tally(self)
+        victims: list[int] = []
+        # decodes run in running order and the victims are the newest: a victim that decodes is
+        # the last of ``dec`` not yet taken, and the victims' decodes end ``dec``
+        n_dec_gone = 0
+        n = len(running)
+        while tally.used + total > self.kv.capacity_blocks:
+            if len(victims) == n:
+                raise PlanError("overflow: nothing left to preempt")
+            victim = running[n - 1 - len(victims)]
+            g = growth.pop(victim, 0)
+            if n_dec_gone < len(dec) and dec[len(dec) - 1 - n_dec_gone] == victim:
+                g += 1 if bs == 1 or kvt[victim] % bs == 0 else 0
+                n_dec_gone += 1
+            total -= g
+            tally.release(victim)
+            victims.append(victim)
+        return victims, n_dec_gone, total
+
+    def refusal(self, chunks: list[Chunk], dec: np.ndarray, grow: int) -> str:
+        """The message of a refused iteration (``overflow="forbid"``) that needs ``grow`` blocks."""
+        kv = self.kv
+        short = kv.used_blocks + grow - kv.capacity_blocks
+        unit = "tokens" if kv.block_size == 1 else f"blocks of {kv.block_size}"
+        who = f"request {chunks[-1][0]} (prefill {chunks[-1][1]} tokens)" if chunks else f"{len(dec)} decodes"
+        return (f"overflow: the plan needs {short} more {unit} than the KV capacity "
+                f"({kv.capacity_blocks} {unit}, {kv.used_blocks} used); last admitted: {who}")
+
+    # ---- a whole plan (policies, plan repair) ----------------------------------------------------
+    def shortfall(self, plan: BatchPlan, running: list[int]) -> int:
+        """Blocks by which ``plan`` would exceed the KV capacity (``<= 0``: it fits), counted as the
+        engine counts them: the plan's preemptions free their blocks first (shared prefix blocks only
+        when no one else holds them), admissions then take their cached prefix blocks (idle ones
+        become used) or their swapped-out KV back, and the chunks and decodes of the iteration grow.
+        ``running`` is the engine's running list."""
+        bs, emit = self.bs, self.emit
+        kvt, prefilled, target, gen, state = self.kvt, self.prefilled, self.target, self.gen, self.state
+        swapped, kv = self.swapped, self.kv
+        tally = _Tally(self)
+        # 1. preemptions: the victim's state after it (kv tokens, prefilled, target, swapped)
+        after: dict[int, tuple[int, int, int, bool]] = {}
+        swap_s = False
+        for rid in plan.preempt:
+            k = int(kvt[rid])
+            tally.release(rid)
+            if self.preempt_mode == "swap":
+                after[rid] = (k, int(prefilled[rid]), int(target[rid]), True)
+                swap_s |= k > 0
+            elif self.preempt_mode == "restart":
+                after[rid] = (0, 0, int(self.prompt[rid]), False)
+            else:
+                after[rid] = (0, 0, int(self.prompt[rid] + gen[rid]), False)
+        # 2. decodes of the requests running before the admissions
+        dec: list[int] = []
+        if plan.decode:
+            gone = after.keys() | plan.pause
+            dec = [r for r in running if r not in gone and prefilled[r] >= target[r]]
+        # 3. admissions and chunks
+        chunks: list[tuple[int, int, int, int]] = []  # (rid, chunk, kv tokens, prefill left)
+        for rid, chunk in plan.prefill.items():
+            if rid in after:
+                k, p, t, sw = after[rid]
+            elif state[rid] == WAITING:
+                k, p, t, sw = int(kvt[rid]), int(prefilled[rid]), int(target[rid]), bool(swapped[rid])
+            else:  # a running request continues its prefill
+                chunks.append((rid, chunk, int(kvt[rid]), int(target[rid] - prefilled[rid])))
+                continue
+            if sw:
+                tally.used += -(-k // bs)
+                swap_s |= k > 0
+            elif kv.enabled:
+                k = p = tally.acquire(rid) * bs
+            chunks.append((rid, chunk, k, t - p))
+        if swap_s:  # swapped-in requests whose prefill was complete resume decoding (the engine's rule)
+            resumed = [rid for rid, _, _, left in chunks if left <= 0]
+            chunks = [x for x in chunks if x[3] > 0]
+            if plan.decode:
+                dec = dec + resumed
+        grow = 0
+        for _, chunk, k, left in chunks:
+            c = left if chunk == 0 or chunk > left else chunk
+            grow += -(-(k + c + (emit if c == left else 0)) // bs) - -(-k // bs)
+        if dec:
+            if bs == 1:
+                grow += len(dec)
+            else:
+                ks = np.array([int(kvt[r]) if r not in after else after[r][0] for r in dec], dtype=np.int64)
+                grow += int(np.count_nonzero(ks % bs == 0))
+        return tally.used + grow - kv.capacity_blocks
+
+    def surely_fits(self, plan: BatchPlan, n_running: int) -> bool:
+        """A cheap sufficient test that ``plan`` fits (:meth:`shortfall` ``<= 0``): every one of the
+        ``n_running`` running requests and every prefill entry takes its largest possible growth."""
+        bs = self.bs
+        kvt, prefilled, target = self.kvt, self.prefilled, self.target
+        room = self.kv.capacity_blocks - self.kv.used_blocks - n_running
+        for rid in plan.prefill:
+            room -= -(-(int(kvt[rid]) + int(target[rid] - prefilled[rid]) + 1) // bs) + 1
+            if room < 0:
+                return False
+        return room >= 0
+
+
+def preempt_newest(ledger: Ledger, running: list[int], n: int, rid: int, need: int, free: int,
+                   preempt: list[int], reserved: dict[int, int] | None = None) -> tuple[int, int]:
+    """vLLM's scheduler rule: while ``need`` blocks are missing for ``rid``, preempt the newest of
+    ``running[:n]`` (``rid`` itself last), counting each victim's blocks as freed
+    (:meth:`Ledger.held`) and its ``reserved`` blocks too. Returns the new ``n`` and free blocks;
+    ``rid`` was preempted when it ends ``preempt``."""
+    while need > free:
+        n -= 1
+        victim = running[n]
+        preempt.append(victim)
+        if victim == rid:
+            break
+        free += ledger.held(victim) + (reserved.pop(victim, 0) if reserved else 0)
+    return n, free
+
+
+class _Tally:
+    """Blocks in use after hypothetical preemptions and admissions, replaying the prefix cache's
+    reference counts without changing the cache."""
+
+    __slots__ = ("led", "used", "refs")
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.led = ledger
+        self.used = ledger.kv.used_blocks
+        self.refs: dict[int, int] = {}  # reference counts changed so far
+
+    def _ref(self, h: int) -> int:
+        return self.refs[h] if h in self.refs else self.led.kv.references(h)
+
+    def release(self, rid: int) -> None:
+        """``rid`` is preempted: its own blocks are freed, and its shared prefix blocks that no other
+        request references any more become idle (free)."""
+        led = self.led
+        kv = led.kv
+        shared = int(kv.shared[rid])
+        self.used -= -(-int(led.kvt[rid]) // led.bs) - shared
+        if shared:
+            refs = self.refs
+            for h in kv.block_hashes(rid)[:shared]:
+                r = self._ref(h) - 1
+                refs[h] = r
+                self.used -= r == 0
+
+    def acquire(self, rid: int) -> int:
+        """Waiting ``rid`` is admitted: it references its cached head blocks (idle ones become
+        used). Returns the number of matched blocks."""
+        kv = self.led.kv
+        m = kv.match_blocks(rid)
+        refs = self.refs
+        for h in kv.block_hashes(rid)[:m]:
+            r = self._ref(h)
+            self.used += r == 0
+            refs[h] = r + 1
+        return m
