@@ -18,9 +18,10 @@ admitted request prefills its whole prompt in the iteration it is admitted.
 
 Memory is counted by the engine's :class:`~llmsched_gym.core.ledger.Ledger`, as the engine
 counts it: a decode needs a new block only when its last block is full, and the final prefill
-chunk also stores output token 1 when prefill emits it. With ``reserve=True`` (Sarathi as Vidur implements it) the blocks still owed to unfinished
-prefills stay reserved and an admission must fit its whole prompt; with ``reserve=False`` (vLLM
-v1) only the chunk of this iteration is checked.
+chunk also stores output token 1 when prefill emits it. With ``reserve=True`` (Sarathi as Vidur
+implements it) the blocks still owed to unfinished prefills stay reserved and an admission must
+fit its whole prompt; with ``reserve=False`` (vLLM v1) only the chunk of this iteration is
+checked.
 """
 
 from __future__ import annotations
