@@ -156,10 +156,10 @@ def fit_plan(view: EngineView, plan: BatchPlan) -> BatchPlan:
     overflow: the admissions are cut to the longest prefix (in the plan's order) that fits, and if
     the running requests alone overflow, the newest of them are preempted (vLLM's rule, with the
     engine's ``preempt_mode``) until the iteration fits. The result never ``hold``s."""
-    led, running = view.ledger, view.running
-    if view.config.overflow != "forbid" or plan.idle or led.surely_fits(plan, len(running)):
+    if view.config.overflow != "forbid" or plan.idle:
         return plan
-    if led.shortfall(plan, running) <= 0:
+    led, running = view.ledger, view.running
+    if led.surely_fits(plan, len(running)) or led.shortfall(plan, running) <= 0:
         return plan
     state = view.state
     preempt = list(plan.preempt)

@@ -78,8 +78,8 @@ def test_an_unfinished_prefill_owes_the_rest_of_its_prompt():
     # the other 5 tokens and token 1: ceil(11/4) - ceil(5/4) = 3 - 2
     assert led.owed(0) == led.growth(0) == 1
     assert led.running_growth(np.array([5]), np.array([5])) == 1
-    assert led.chunks([(0, 0)]) == ([(0, 5, True)], 1)  # 0: the rest
-    assert led.chunks([(0, 2)]) == ([(0, 2, False)], 0)  # 7 tokens still fit in 2 blocks
+    assert led.iteration([(0, 0)], np.array([], int)) == ([(0, 5, True)], 1)  # 0: the rest
+    assert led.iteration([(0, 2)], np.array([], int)) == ([(0, 2, False)], 0)  # 7 tokens still fit in 2 blocks
 
 
 def test_forbid_refuses_with_the_ledgers_count_and_message():
@@ -96,9 +96,9 @@ def test_forbid_refuses_with_the_ledgers_count_and_message():
 def test_lifo_preempts_the_admission_the_ledger_names():
     e = engine([5, 7, 3], [4, 4, 4], cap_tokens=20, overflow="preempt_lifo_recompute")
     e.execute(BatchPlan.admit([0, 1]))
-    chunks, grow = e.ledger.chunks([(2, 0)])
+    _, grow = e.ledger.iteration([(2, 0)], np.array([0, 1]))
     # request 2 is not admitted yet: its chunk counts from 0 tokens; decodes of 0 and 1 add 1
-    assert grow + e.ledger.decodes(np.array([0, 1])) == 2
+    assert grow == 2
     e.execute(BatchPlan.admit([2]))
     # the newest running request (2, just admitted) went back to the head of the queue; 0 and 1 decoded
     assert e.waiting == [2] and e.preemptions.tolist() == [0, 0, 1]

@@ -549,11 +549,9 @@ class Engine:
 
     def _growth(self, prefill, ds: _DecodeSet | None, dec: np.ndarray) -> tuple[list[tuple[int, int, bool]], int]:
         """Step 3: the chunks ``(rid, tokens, last)`` and the blocks this iteration allocates."""
-        led = self.ledger
-        chunks, grow = led.chunks(prefill)
-        if len(dec):
-            grow += led.decodes(dec, ds.cnt, ds.step) if ds is not None else led.decodes(dec)
-        return chunks, grow
+        if ds is not None:
+            return self.ledger.iteration(prefill, dec, ds.cnt, ds.step)
+        return self.ledger.iteration(prefill, dec)
 
     def _overflow(self, chunks, dec, grow: int):
         """Step 4: the iteration does not fit; the configured handler decides. The last value

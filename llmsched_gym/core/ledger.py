@@ -156,34 +156,37 @@ class Ledger:
         return int((-(-(kvt + left + emitted) // bs) - -(-kvt // bs)).sum())
 
     # ---- one iteration of the engine -----------------------------------------------------------
-    def chunks(self, prefill: list[tuple[int, int]]) -> tuple[list[Chunk], int]:
-        """The plan's prefill entries ``(rid, chunk)`` (``0`` or more than remains: the rest of the
-        prompt) as ``(rid, tokens, last)`` chunks of requests already admitted, and their blocks."""
+    def iteration(self, prefill: list[tuple[int, int]], dec: np.ndarray, lockstep_cnt: list[int] | None = None,
+                  step: int = 0) -> tuple[list[Chunk], int]:
+        """One engine iteration: the plan's prefill entries ``(rid, chunk)`` of admitted requests
+        (``0`` or more than remains: the rest of the prompt) as ``(rid, tokens, last)`` chunks, and
+        the blocks the chunks and the decodes of ``dec`` allocate (:meth:`decodes`)."""
         emit, bs = self.emit, self.bs
-        kvt, pre, tgt = self.kvt, self.prefilled, self.target
         out: list[Chunk] = []
         grow = 0
-        for rid, chunk in prefill:
-            remaining = int(tgt[rid] - pre[rid])
-            c = remaining if chunk == 0 or chunk > remaining else chunk
-            last = c == remaining
-            k0 = int(kvt[rid])
-            grow += -(-(k0 + c + (emit if last else 0)) // bs) - -(-k0 // bs)
-            out.append((rid, c, last))
+        if prefill:
+            kvt, pre, tgt = self.kvt, self.prefilled, self.target
+            for rid, chunk in prefill:
+                remaining = int(tgt[rid] - pre[rid])
+                c = remaining if chunk == 0 or chunk > remaining else chunk
+                last = c == remaining
+                k0 = int(kvt[rid])
+                grow += -(-(k0 + c + (emit if last else 0)) // bs) - -(-k0 // bs)
+                out.append((rid, c, last))
+        if len(dec):
+            if bs == 1:
+                grow += len(dec)
+            elif lockstep_cnt is not None:
+                grow += lockstep_cnt[step % bs]
+            else:
+                grow += int(np.count_nonzero(self.kvt[dec] % bs == 0))
         return out, grow
 
     def decodes(self, dec: np.ndarray, lockstep_cnt: list[int] | None = None, step: int = 0) -> int:
         """Blocks one decode iteration of requests ``dec`` allocates. ``lockstep_cnt``: the engine's
         decode-set counts (members whose last block fills at each step modulo ``block_size``), which
         give the same number without reading ``dec``'s KV."""
-        if not len(dec):
-            return 0
-        bs = self.bs
-        if bs == 1:
-            return len(dec)
-        if lockstep_cnt is not None:
-            return lockstep_cnt[step % bs]
-        return int(np.count_nonzero(self.kvt[dec] % bs == 0))
+        return self.iteration((), dec, lockstep_cnt, step)[1]
 
     def fits(self, grow: int) -> bool:
         """Whether ``grow`` more blocks fit in the capacity (idle cached blocks are evicted for them)."""
@@ -194,10 +197,11 @@ class Ledger:
         it does. Returns the victims (newest first), how many of them are the last entries of
         ``dec`` (their decodes leave the batch) and the iteration's blocks without the victims'.
         Raises :class:`PlanError` when preempting every running request is not enough."""
-        bs, kvt = self.bs, self.kvt
-        growth: dict[int, int] = {}  # prefill chunks' blocks
+        bs, kvt, emit = self.bs, self.kvt, self.emit
+        growth: dict[int, int] = {}  # prefill chunks' blocks (as :meth:`step` counts them)
         for rid, c, last in chunks:
-            growth[rid] = self.step(int(kvt[rid]), c, last)
+            k0 = int(kvt[rid])
+            growth[rid] = -(-(k0 + c + (emit if last else 0)) // bs) - -(-k0 // bs)
         total = sum(growth.values()) + self.decodes(dec)
         tally = _Tally(self)
         victims: list[int] = []
