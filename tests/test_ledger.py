@@ -201,7 +201,8 @@ def test_shortfall_is_what_forbid_refuses_and_fit_plan_repairs_it(data, bs, mode
         if not str(err).startswith("overflow"):
             return  # an invalid plan (not a memory question)
         refused = True
-        assert f"needs {short} more" in str(err)
+        if trial.kv.evicted_blocks == e.kv.evicted_blocks:  # see Ledger.shortfall on evictions
+            assert f"needs {short} more" in str(err)
     assert refused == (short > 0), short
     if not refused:
         assert trial.kv.used_blocks <= trial.kv.capacity_blocks

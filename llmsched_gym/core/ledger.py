@@ -237,7 +237,12 @@ class Ledger:
         engine counts them: the plan's preemptions free their blocks first (shared prefix blocks only
         when no one else holds them), admissions then take their cached prefix blocks (idle ones
         become used) or their swapped-out KV back, and the chunks and decodes of the iteration grow.
-        ``running`` is the engine's running list."""
+        ``running`` is the engine's running list.
+
+        One case is not replayed: when a swapped-out request comes back, the engine evicts idle
+        cached blocks to make room for its KV, and a later admission of the same plan may have
+        counted a hit on one of them; the count can then be off by those blocks (the sign, which
+        decides, agreed in every random state the tests drew)."""
         bs, emit = self.bs, self.emit
         kvt, prefilled, target, gen, state = self.kvt, self.prefilled, self.target, self.gen, self.state
         swapped, kv = self.swapped, self.kv
