@@ -93,14 +93,15 @@ print(json.dumps({"requests": engine.n, "completed": engine.n_completed, "iterat
                   "run_cpu_s": cpu}))
 """
 
+# a fresh process whose only child is the ``llmsched run`` process: RUSAGE_CHILDREN is that one's peak RSS
 _MEMORY = """
-import json, resource, sys, time
-from llmsched_gym.cli import main
+import json, resource, subprocess, sys, time
 t0 = time.perf_counter()
-main(["run", "--scenario", "jaillet-high", "--set", "workload.arrival.rate=8",
-      "--set", f"workload.n_requests={sys.argv[1]}", "--quiet"])
+subprocess.run([sys.executable, "-m", "llmsched_gym.cli", "run", "--scenario", "jaillet-high",
+                "--set", "workload.arrival.rate=8", "--set", f"workload.n_requests={sys.argv[1]}", "--quiet"],
+               check=True)
 print(json.dumps({"wall_s": time.perf_counter() - t0,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
 

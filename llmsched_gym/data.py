@@ -177,7 +177,9 @@ def known(name: str) -> Dataset | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def _get(name: str) -> Dataset:
+def get_dataset(name: str) -> Dataset:
+    """The known file ``name`` (a name or its file name); a :class:`DataError` naming the allowed
+    names otherwise."""
     ds = known(name)
     if ds is None:
         raise DataError(f"data: unknown name {name!r} (allowed: {', '.join(DATASETS)})")
@@ -255,7 +257,7 @@ def download(name: str, *, url: str | None = None, progress: Callable[[str], Non
     :raises DataError: unknown name, no URL, network failure (the partial file is kept), or a
         checksum mismatch (the partial file is deleted: it cannot be resumed into the right file).
     """
-    ds = _get(name)
+    ds = get_dataset(name)
     say = progress or (lambda _m: None)
     src = url or ds.url
     if src is None:
@@ -360,67 +362,3 @@ def synthetic_note(source: dict | None) -> str:
     if source and source.get("verified") is False:
         return f" (not the published {source['name']}: sha256 mismatch)"
     return ""
-
-
-# ---------------------------------------------------------------------------------------------
-# ``llmsched data``
-
-
-def _cmd_list(args) -> int:
-    print(f"cache: {data_dir()}  (set LLMSCHED_DATA to move it)")
-    for ds in DATASETS.values():
-        found = locate(ds)
-        where = "not present"
-        if found:
-            checked = "" if sha256_of(found[0]) == ds.sha256 else ", NOT the published file: sha256 differs"
-            where = f"present ({found[1]}: {found[0]}{checked})"
-        print(f"\n{ds.name}  {ds.size:,} bytes  {where}")
-        print(f"  {ds.description}")
-        print(f"  licence: {ds.licence}; cite: {ds.citation}")
-        print(f"  sha256: {ds.sha256}")
-        if ds.derive:
-            print(f"  source: built from {ds.url} (sha256 {ds.source_sha256})")
-        else:
-            print(f"  source: {ds.url or 'no public file: ' + ds.howto}")
-    return 0
-
-
-def _cmd_download(args) -> int:
-    names = list(DATASETS) if args.name == "all" else [_get(args.name).name]
-    if args.url and len(names) > 1:
-        raise DataError("--url: give one NAME with it, not 'all'")
-    for name in names:
-        if DATASETS[name].url is None and args.url is None and args.name == "all":
-            print(f"{name}: skipped: {DATASETS[name].howto}", file=sys.stderr)
-            continue
-        download(name, url=args.url, progress=print)
-    return 0
-
-
-def _cmd_path(args) -> int:
-    ds = _get(args.name)
-    found = locate(ds)
-    if found is None:
-        print(f"{ds.name}: not present (it would go to {data_dir() / ds.relpath}); "
-              f"`llmsched data download {ds.name}`", file=sys.stderr)
-        return 1
-    print(found[0])
-    return 0
-
-
-def add_subcommands(sub) -> None:
-    """``llmsched data list | download NAME|all | path NAME``."""
-    from llmsched_gym.help import HelpFormatter as fmt
-    sp = sub.add_parser("data", help="real traces and GPU profiles: list, download, locate",
-                        description=__doc__.split("\n\n")[1], formatter_class=fmt)
-    dsub = sp.add_subparsers(dest="data_command", required=True)
-    p = dsub.add_parser("list", help="known files, their source, licence, sha256 and local copy", formatter_class=fmt)
-    p.set_defaults(func=_cmd_list)
-    p = dsub.add_parser("download", help="fetch into the cache, sha256-verified, resumable", formatter_class=fmt)
-    p.add_argument("name", metavar="NAME", help=f"a known name ({', '.join(DATASETS)}) or 'all'")
-    p.add_argument("--url", default=None,
-                   help="fetch from this URL (a mirror or file:///...) instead of the publisher's")
-    p.set_defaults(func=_cmd_download)
-    p = dsub.add_parser("path", help="print where NAME is read from (exit 1 if it is nowhere)", formatter_class=fmt)
-    p.add_argument("name", metavar="NAME", help="a known name")
-    p.set_defaults(func=_cmd_path)

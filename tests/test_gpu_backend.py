@@ -46,7 +46,7 @@ def test_presets_have_the_published_kv_sizes_and_unknown_names_list_the_allowed_
 
 
 def test_import_does_not_load_torch():
-    code = "import sys, llmsched_gym.backends.gpu.backend, llmsched_gym.backends.gpu.cli; print('torch' in sys.modules)"
+    code = "import sys, llmsched_gym.backends.gpu.backend, llmsched_gym.cli.gpu; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -280,8 +280,8 @@ def test_the_gpu_env_and_commands_say_so_in_one_line_without_a_gpu(no_gpu, tmp_p
     import gymnasium as gym
 
     import llmsched_gym  # noqa: F401  (registers the ids)
-    from llmsched_gym.backends.gpu.cli import main as gpu_main
     from llmsched_gym.cli import main
+    from llmsched_gym.cli.gpu import main as gpu_main
     from llmsched_gym.config import ConfigError
 
     env = gym.make("LLMSchedGPU-v1", n_requests=5)

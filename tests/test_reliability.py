@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from llmsched_gym import cli
+from llmsched_gym.cli import run as run_command
 from llmsched_gym.config import (
     MAX_YAML_NODES,
     ConfigError,
@@ -262,7 +263,7 @@ def _cmd_raising(exc: BaseException):
 
 
 def test_an_internal_error_is_one_line_saying_so(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "cmd_list", _cmd_raising(TypeError("unsupported operand\nsecond line")))
+    monkeypatch.setattr(run_command, "cmd_list", _cmd_raising(TypeError("unsupported operand\nsecond line")))
     monkeypatch.delenv("LLMSCHED_DEBUG", raising=False)
     assert cli.main(["list"]) == 70
     err = capsys.readouterr().err
@@ -271,7 +272,7 @@ def test_an_internal_error_is_one_line_saying_so(monkeypatch, capsys):
 
 
 def test_out_of_memory_names_where_it_ran_out(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "cmd_list", _cmd_raising(MemoryError()))
+    monkeypatch.setattr(run_command, "cmd_list", _cmd_raising(MemoryError()))
     assert cli.main(["list"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: out of memory in ") and "n_requests" in err

@@ -10,7 +10,7 @@ from baselines import available
 from llmsched_gym.cli import main
 from llmsched_gym.optimum import Instance, solve_exhaustive
 from llmsched_gym.reproduce import klpm
-from llmsched_gym.reproduce.cli import optimum_for_scenario, run_paper
+from llmsched_gym.reproduce.papers import optimum_for_scenario, run_paper
 from llmsched_gym.reproduce.report import add_reference_metrics, policy_vs_optimum, round_mode_scenario
 from llmsched_gym.sim import simulate
 
@@ -121,7 +121,7 @@ def test_wait_report_replays_example2_deterministically():
 @pytest.mark.skipif("mcsf" not in available(), reason="policy mcsf not registered")
 def test_mcsf_ratio_on_thm62_instances_grows_with_m_above_the_paper_bound():
     from llmsched_gym.optimum import adversarial_ratio_lower_bound
-    from llmsched_gym.reproduce.cli import adversarial_mcsf_ratios
+    from llmsched_gym.reproduce.jaillet import adversarial_mcsf_ratios
 
     Ms = [40, 160, 640, 2560]
     ratios = adversarial_mcsf_ratios(0.25, Ms)

@@ -1,6 +1,6 @@
 """Paper reproductions (``llmsched reproduce PAPER``) and optimality references (issue 7).
 
-Modules are imported on demand; see :mod:`llmsched_gym.reproduce.cli` and ``report``.
+Modules are imported on demand; see :mod:`llmsched_gym.reproduce.papers` and ``report``.
 """
 
 PAPERS: tuple[str, ...] = ("jaillet", "echo", "vtc", "wait", "klpm")

@@ -1,4 +1,5 @@
-"""``llmsched train | evaluate | compare`` (added to the main CLI by ``add_subcommands``).
+"""``llmsched train | evaluate | compare``: the arguments; the work is :mod:`agents.train` and
+:mod:`agents.evaluate`'s.
 
 The RL stack (torch, stable-baselines3, matplotlib) is imported inside the command functions only,
 so ``llmsched list`` stays fast.
@@ -146,12 +147,10 @@ def _common_eval(sp: argparse.ArgumentParser, seeds: str, policies: str | None) 
     add_parallel_arguments(sp)
 
 
-def add_subcommands(sub: Any) -> None:
-    """Add ``train``, ``evaluate`` and ``compare`` to the main ``llmsched`` parser."""
-    from llmsched_gym.help import HelpFormatter
-
+def add_subcommands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    """Add ``train``, ``evaluate`` and ``compare`` to the ``llmsched`` parser's subcommands."""
     from_file = "(default: the hyperparameter file's entry for the scenario)"
-    sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v1", formatter_class=HelpFormatter)
+    sp = sub.add_parser("train", help="train a PPO agent on LLMSched-v1", formatter_class=formatter)
     sp.add_argument("--scenario", default="jaillet-low", help="scenario to train on (`llmsched list`)")
     sp.add_argument("--name", default=None, help="run name (default: SCENARIO-MODE-sSEED)")
     sp.add_argument("--out", default="runs/train", help="parent folder of the run folder")
@@ -193,7 +192,7 @@ def add_subcommands(sub: Any) -> None:
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("evaluate", help="agents and baselines on held-out seeds, with a report",
-                        formatter_class=HelpFormatter)
+                        formatter_class=formatter)
     sp.add_argument("--model", action="append", help="run folder or agent file (.json) (repeatable)")
     sp.add_argument("--scenario", default=None, help="default: the model's training scenario")
     sp.add_argument("--best", action="store_true", help="use best_model instead of model")
@@ -202,7 +201,7 @@ def add_subcommands(sub: Any) -> None:
     sp.set_defaults(func=cmd_evaluate)
 
     sp = sub.add_parser("compare", help="baselines on the same seeded workloads, with a report",
-                        formatter_class=HelpFormatter)
+                        formatter_class=formatter)
     sp.add_argument("--scenario", default="azure-conv", help="scenario name (`llmsched list`)")
     _common_eval(sp, "0-4", "all")
     sp.set_defaults(func=cmd_compare)

@@ -1,8 +1,9 @@
 """``llmsched gpu calibrate`` and ``llmsched gpu replay``.
 
-The main CLI plugs these in with :func:`add_gpu_subcommands`; each subcommand stores its handler
-in ``args.func`` (called with the parsed ``args``, returns an exit code). Standalone:
-``python -m llmsched_gym.backends.gpu.cli gpu calibrate --model tiny --device cpu --quick``.
+The ``llmsched`` parser adds these with :func:`add_subcommands`; each subcommand stores its handler
+in ``args.func`` (called with the parsed ``args``, returns an exit code); the work is
+:mod:`llmsched_gym.backends.gpu.backend`'s. Standalone:
+``python -m llmsched_gym.cli.gpu gpu calibrate --model tiny --device cpu --quick``.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from llmsched_gym.backends.gpu.config import PRESETS
+from llmsched_gym.cli.help import HelpFormatter
 
 
-def add_gpu_subcommands(subparsers: argparse._SubParsersAction) -> None:
+def add_subcommands(subparsers: Any, fmt: type[argparse.HelpFormatter]) -> None:
     """Add the ``gpu`` command with its ``calibrate`` and ``replay`` subcommands."""
-    from llmsched_gym.help import HelpFormatter as fmt
-
     gpu = subparsers.add_parser("gpu", help="time batches on a real GPU: calibrate, replay", formatter_class=fmt)
     sub = gpu.add_subparsers(dest="gpu_command", required=True)
 
@@ -123,7 +124,7 @@ def _replay(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry point (the GPU machine may not have the full ``llmsched`` CLI)."""
     parser = argparse.ArgumentParser(prog="llmsched-gpu")
-    add_gpu_subcommands(parser.add_subparsers(dest="command", required=True))
+    add_subcommands(parser.add_subparsers(dest="command", required=True), HelpFormatter)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
