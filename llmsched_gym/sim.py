@@ -58,8 +58,9 @@ def make_engine(
     policy_params: dict[str, Any] | None = None,
     log_batches: bool = False,
 ) -> tuple[Engine, dict[str, Any]]:
-    """Build a ready-to-run engine for ``scenario`` and ``policy`` (see :func:`simulate`)."""
-    spec = resolve_scenario(scenario, overrides)
+    """Build a ready-to-run engine for ``scenario`` and ``policy`` (see :func:`simulate`); also
+    returns the checked scenario."""
+    spec = resolve_scenario(scenario, overrides)  # the one check of the scenario
     default = spec.get("policy", "fcfs")
     # --set policy.X=... turns the scenario's policy into a dict; X applies to whichever policy runs
     set_params = {k: v for k, v in default.items() if k != "name"} if isinstance(default, dict) else {}
@@ -70,15 +71,23 @@ def make_engine(
     else:
         pol = {"name": policy, **set_params}
     scheduler = make_policy(pol, policy_params)
-    workload, config, latency = build_scenario(spec, seed)
+    engine = scenario_engine(spec, scheduler, seed, explicit_engine_keys(overrides), log_batches)
+    return engine, spec
+
+
+def scenario_engine(spec: dict[str, Any], scheduler: Scheduler, seed: int, explicit: set[str] | None = None,
+                    log_batches: bool = False) -> Engine:
+    """An engine for a scenario ``spec`` already checked (by
+    :func:`~llmsched_gym.core.scenarios.resolve_scenario`; it is not checked again) running
+    ``scheduler`` with ``seed``. The scheduler's ``engine_overrides`` apply except to the engine
+    fields named in ``explicit`` (those the user set, which win)."""
+    workload, config, latency = build_scenario(spec, seed, checked=True)
     from baselines import check_applicable
 
     check_applicable(scheduler, information_of(workload))  # NotApplicable: one line naming what it lacks
-    if scheduler.engine_overrides:
-        fields = merge_engine_overrides(asdict(config), scheduler.engine_overrides, explicit_engine_keys(overrides))
-        config = EngineConfig(**fields)
-    engine = Engine(workload, config, latency, scheduler, seed=seed, log_batches=log_batches)
-    return engine, spec
+    if scheduler.engine_overrides:  # a new config: the engine checks the policy's fields
+        config = EngineConfig(**merge_engine_overrides(asdict(config), scheduler.engine_overrides, explicit or ()))
+    return Engine(workload, config, latency, scheduler, seed=seed, log_batches=log_batches)
 
 
 def simulate(

@@ -133,7 +133,7 @@ def test_scenario_argument_of_wrong_type_is_one_line():
         gym.make("LLMSched-v1", scenario="jaillet-low", overrides=["engine.block_size=16"])
     with pytest.raises(ConfigError, match=r"^flat: expected true or false, got 'no'$"):
         gym.make("LLMSched-v1", scenario="jaillet-low", flat="no")
-    with pytest.raises(ConfigError, match=r"^K: must be an integer in \[1, 4096\] \(the observation holds K slots\), got True$"):
+    with pytest.raises(ConfigError, match=r"^K: expected an integer in \[1, 4,096\], got True$"):
         gym.make("LLMSched-v1", scenario="jaillet-low", K=True)
     with pytest.raises(ConfigError, match=r"^n_requests: expected an integer >= 0, got 'many'$"):
         gym.make("LLMSched-v1", scenario="jaillet-low", n_requests="many")
@@ -461,7 +461,7 @@ def test_env_accepts_a_scenario_file(tmp_path):
     path.write_text(scenario_yaml(get_scenario("jaillet-low", {"workload.n_requests": 30})))
     env = gym.make("LLMSched-v1", scenario=str(path), action_mode="select")
     env.reset(seed=0)
-    assert env.unwrapped._spec["name"] == "tiny" and env.unwrapped._spec["workload"]["n_requests"] == 30
+    assert env.unwrapped.scenario["name"] == "tiny" and env.unwrapped.scenario["workload"]["n_requests"] == 30
 
 
 @pytest.mark.parametrize("text, needle", [

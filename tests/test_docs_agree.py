@@ -42,3 +42,17 @@ def test_simulate_has_its_real_signature_and_import_stays_light():
         "scenario", "policy", "seed", "overrides", "policy_params", "log_batches"]
     with pytest.raises(AttributeError, match="has no attribute 'simulat'"):
         llmsched_gym.simulat  # noqa: B018
+
+
+def test_the_env_manual_holds_the_observation_tables_as_the_code_defines_them():
+    """``LLMSchedEnv``'s docstring is plain text (``help()`` and the source show the same manual);
+    its three feature tables must be what ``feature_table`` writes from the observation's tables."""
+    from llmsched_gym.env.llmsched_env import LLMSchedEnv
+    from llmsched_gym.env.observation import GLOBAL_FEATURES, QUEUE_FEATURES, RUNNING_FEATURES, feature_table
+
+    doc = LLMSchedEnv.__doc__
+    for table in (QUEUE_FEATURES, RUNNING_FEATURES, GLOBAL_FEATURES):
+        text = "\n".join("    " + line for line in feature_table(table).splitlines())
+        assert text in doc, f"LLMSchedEnv's docstring lacks this table (paste it in):\n{text}"
+    n = len(QUEUE_FEATURES)
+    assert f"``queue``: ``K x {n}`` values, slot-major (feature ``f`` of slot ``i`` at ``{n} i +" in doc

@@ -640,7 +640,7 @@ def test_budget_batch_times_grow_with_the_budget_and_the_unlimited_one_is_the_la
     for _ in range(1500):
         bt = obs["budgets"][order]
         assert np.all(np.diff(bt) >= -1e-7), bt
-        n_dec, dec_ctx, mid, owed, mid_ctx = env.batch_shape()
+        n_dec, dec_ctx, mid, owed, mid_ctx = env.dp.batch_shape()
         want = owed + env.dp.sel_tokens
         t = env.engine.latency.batch_time(want, want + mid_ctx, mid + len(env.dp.sel) if want else 0, n_dec, dec_ctx)
         whole = min(math.log1p(t / env._obs.unit) / math.log1p(1e6), 1.0)

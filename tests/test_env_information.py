@@ -145,7 +145,7 @@ def test_preempt_longest_is_masked_under_blind_and_counted_invalid():
     mask = env.action_masks()
     assert mask[newest] and not mask[longest]
     env.step(longest)  # invalid: launches the batch formed so far, preempts nothing
-    assert env.dp.victims == [] and env.unwrapped._n_invalid == 1
+    assert env.dp.victims == [] and env.unwrapped.driver.n_invalid == 1
     with pytest.raises(InvalidActionError):
         launched(NONE, invalid_action="raise").step(longest)
     pred = launched({"type": "noisy", "x": 0.2})

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import baselines
-from llmsched_gym.env.llmsched_env import LLMSchedEnv, default_candidates
+from llmsched_gym.env.llmsched_env import LLMSchedEnv
+from llmsched_gym.env.settings import default_candidates
 from llmsched_gym.sim import make_policy, simulate
 
 SIZES = {  # azure-conv clairvoyant: every registered policy (vtc-oracle too) can be a candidate

@@ -287,7 +287,7 @@ def test_seed_lists_and_queue_slots_are_bounded():
     with pytest.raises(ConfigError, match="names more than 10,000 seeds"):
         parse_seeds("0-1000000000")
     assert parse_seeds("0-9999") == list(range(10_000))
-    with pytest.raises(ConfigError, match=r"^K: must be an integer in \[1, 4096\]"):
+    with pytest.raises(ConfigError, match=r"^K: expected an integer in \[1, 4,096\], got 10000000$"):
         gym.make("llmsched_gym:LLMSched-v1", scenario="jaillet-low", K=10**7)
 
 

@@ -206,7 +206,7 @@ def test_sb3_adapter_steps_like_dummy_vec_env_over_training_workloads():
             assert ib[i]["summary"]["serving"] == ia[i]["summary"]["serving"]
     assert ends >= 3
     # the training workloads: episode j of env r has seed 1000 + r + 3 j
-    assert [e.unwrapped._episode_seed for e in b.venv.envs] == [e.unwrapped._episode_seed for e in a.envs]
+    assert [e.unwrapped.episode_seed for e in b.venv.envs] == [e.unwrapped.episode_seed for e in a.envs]
 
 
 def _ppo_params(vec, algo, mode):

@@ -407,7 +407,7 @@ HEADER30 = ["## Issue 30", "",
             "| gamma arrival `cv` | 100 | `core.workload.MAX_CV` |",
             "| round-count `B` (binomial, uniform) | 100,000 | `core.workload.MAX_ROUND_B` |",
             "| `engine.latency_noise_cv` | 10 | `config.ENGINE` |",
-            "| env `K` (queue slots) | 4,096 | `env.llmsched_env.MAX_K` |",
+            "| env `K` (queue slots) | 4,096 | `env.settings.MAX_K` |",
             "| seeds of one `compare`/`evaluate` | 10,000 | `agents.report.MAX_SEEDS` |",
             "| layer width / layers in `policy_kwargs` (hyperparameter and agent files) | 4,096 / 16 | "
             "`config.MAX_WIDTH`, `config.MAX_LAYERS` |",

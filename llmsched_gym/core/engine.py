@@ -42,7 +42,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, astuple, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -103,13 +103,24 @@ class EngineConfig:
     fast_forward: bool = True
 
     def validate(self) -> None:
-        """Check every field against :data:`llmsched_gym.config.ENGINE` (types, ranges, choices) and
-        store it in its canonical type; raises ConfigError naming ``engine.FIELD``."""
+        """Check every field against :data:`llmsched_gym.config.ENGINE` (types, ranges, choices, a
+        capacity of at least one block) and store it in its canonical type; raises ConfigError
+        naming ``engine.FIELD``. A config made by :meth:`checked` is not checked again (unless a
+        field changed since)."""
+        if self.__dict__.get("_checked") == astuple(self):
+            return
         for key, value in check_engine(asdict(self)).items():
             setattr(self, key, value)
-        if self.kv_capacity_tokens < self.block_size:  # no block at all: nothing could ever run
-            raise ConfigError(f"engine.kv_capacity_tokens: {self.kv_capacity_tokens} is less than one block "
-                              f"(engine.block_size {self.block_size})")
+
+    @classmethod
+    def checked(cls, section: dict[str, Any]) -> EngineConfig:
+        """The config of a scenario's engine section that :func:`llmsched_gym.config.check_scenario`
+        has checked: only the capacity, whose default the section may leave, is checked against
+        the block size here; the engine does not check the config again."""
+        config = cls(**section)
+        check_engine({"kv_capacity_tokens": config.kv_capacity_tokens, "block_size": config.block_size})
+        config.__dict__["_checked"] = astuple(config)
+        return config
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -137,11 +137,19 @@ def scenario_yaml(spec: dict[str, Any]) -> str:
     return yaml.dump(body, Dumper=Dumper, sort_keys=False, width=100, allow_unicode=True)
 
 
-def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineConfig, LatencyModel]:
-    """Materialise a scenario dict into a workload, an engine config and a latency model."""
+def build_scenario(spec: dict[str, Any], seed: int, checked: bool = False) -> tuple[Workload, EngineConfig,
+                                                                                   LatencyModel]:
+    """Materialise a scenario dict into a workload, an engine config and a latency model.
+
+    :param checked: ``spec`` comes from :func:`resolve_scenario` or :func:`get_scenario` (or
+        :func:`~llmsched_gym.config.check_scenario`) unchanged since: it is not checked again, and
+        its engine section becomes an :class:`EngineConfig` marked as checked (the engine does
+        not check it again either).
+    """
     from llmsched_gym.core.workload import build_workload
 
-    spec = check_scenario(spec)
+    if not checked:
+        spec = check_scenario(spec)
     wspec = spec["workload"]
     try:
         if "explicit" in wspec:
@@ -155,8 +163,7 @@ def build_scenario(spec: dict[str, Any], seed: int) -> tuple[Workload, EngineCon
     except WorkloadError as e:
         # build_workload names the field inside the section (arrival.rate); say which section
         raise WorkloadError(f"workload.{e}" if _FIELD_FIRST.match(str(e)) else str(e)) from None
-    config = EngineConfig(**spec.get("engine", {}))
-    config.validate()
+    config = EngineConfig.checked(spec.get("engine", {}))
     try:
         latency = make_latency(spec.get("latency", "unit"))
     except ValueError as e:  # make_latency's messages name the field; make them the project's error type

@@ -59,7 +59,7 @@ def fuzz_env(steps: int = 100_000, seed: int = 0, n_requests: int = 60) -> dict[
     from llmsched_gym.core.scenarios import SCENARIOS
     from llmsched_gym.env.actions import ACTION_MODES
     from llmsched_gym.env.admission import ADMISSION_RULES
-    from llmsched_gym.env.llmsched_env import ORDERS
+    from llmsched_gym.env.decision import ORDERS
 
     rng = np.random.default_rng(seed)
     done = episodes = terminated_n = truncated_n = skipped = 0

@@ -9,15 +9,13 @@ results as the step-by-step run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
-from llmsched_gym.core.engine import WAITING
-from llmsched_gym.core.scheduler import BatchPlan, Scheduler
-
-if TYPE_CHECKING:
-    from llmsched_gym.env.llmsched_env import LLMSchedEnv
+from llmsched_gym.core.engine import WAITING, Engine
+from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+from llmsched_gym.env.settings import check_policy
 
 HOOKS = ("on_arrival", "on_tokens", "on_prefill", "on_preempt", "on_finish")
 
@@ -27,32 +25,65 @@ class Inexpressible(ValueError):
 
 
 class ExpertReplay:
-    """Policies replayed through an env: resolution, one plan per boundary, translation."""
+    """Policies replayed through an env: the attached expert, other stateless policies, one
+    plan per boundary and its translation by the action mode.
 
-    def __init__(self, env: LLMSchedEnv) -> None:
-        self.env = env
+    :param mode: the env's action mode (a :class:`~llmsched_gym.env.modes.Mode`: its ``expert``
+        translates a plan into an action, its ``fallback`` is the action of a plan it cannot).
+    :param information: the task's information model (a policy that needs more is refused).
+    """
+
+    def __init__(self, mode: Any, information: str) -> None:
+        self.mode = mode
+        self.information = information
+        self.expert: Scheduler | None = None
         self.others: dict[str, Scheduler] = {}
         self.plan_cache: tuple[int, int, BatchPlan] | None = None
+        self.engine: Engine | None = None
+        self.episode, self.seed = 0, 0
 
-    def action(self, policy, strict: bool):
-        """See :meth:`LLMSchedEnv.expert_action`."""
-        env = self.env
+    def attach(self, expert: str | dict | Scheduler | None, switch: Any = None) -> Scheduler | None:
+        """Resolve and keep the expert (``None``: none); in ``meta`` mode (``switch``, the
+        candidates) it must be the candidate with the same name and parameters, which it becomes."""
+        from llmsched_gym.sim import make_policy
+
+        pol = None if expert is None else make_policy(expert)
+        if pol is not None:
+            check_policy(pol, self.information, "expert")
+        if switch is not None and pol is not None:
+            want = _spec_of(pol)
+            match = [c for c in switch.candidates if _spec_of(c) == want]
+            if not match:
+                raise ValueError(f"expert: {pol.name} is not one of the candidates "
+                                 f"({', '.join(c.name for c in switch.candidates)})")
+            pol = match[0]
+        self.expert = pol
+        return pol
+
+    def start(self, engine: Engine, episode: int, seed: int) -> None:
+        """A new episode on ``engine`` (number ``episode``, workload seed ``seed``)."""
+        self.engine, self.episode, self.seed = engine, episode, seed
+        self.plan_cache = None
+
+    def action(self, policy, strict: bool, bid: int):
+        """See :meth:`~llmsched_gym.env.llmsched_env.LLMSchedEnv.expert_action` (``bid``: the
+        decision point's boundary id, which keys the plan cache)."""
+        mode = self.mode
         pol = self.resolve(policy)
         try:
-            return env._mode.expert(pol, None if env.mode == "meta" else self.plan(pol))
+            return mode.expert(pol, None if mode.name == "meta" else self.plan(pol, bid))
         except Inexpressible as err:
-            if strict or env.mode in ("knob", "tune", "meta"):
-                raise ValueError(f"expert_action(): {pol.name}'s plan cannot be expressed in {env.mode} mode: "
+            if strict or mode.name in ("knob", "tune", "meta"):
+                raise ValueError(f"expert_action(): {pol.name}'s plan cannot be expressed in {mode.name} mode: "
                                  f"{err}") from None
-            return env.fallback_action()
+            return mode.fallback()
 
     def resolve(self, policy) -> Scheduler:
         """The policy to replay: the attached expert, or a stateless policy reset for this episode."""
-        env = self.env
-        if policy is None or policy is env._expert:
-            if env._expert is None:
+        if policy is None or policy is self.expert:
+            if self.expert is None:
                 raise ValueError("expert_action(): no policy given and no expert attached (expert=...)")
-            return env._expert
+            return self.expert
         if isinstance(policy, Scheduler):
             pol = policy
         else:
@@ -64,54 +95,56 @@ class ExpertReplay:
                 pol = self.others[key] = make_policy(policy)
         from baselines import check_applicable
 
-        check_applicable(pol, env.information)  # NotApplicable: it needs what the task does not give
+        check_applicable(pol, self.information)  # NotApplicable: it needs what the task does not give
         stateful = [h for h in HOOKS if type(pol).wants(h)]
         if stateful:
             raise ValueError(
                 f"expert_action(): {pol.name} uses engine hooks ({', '.join(stateful)}); attach it with "
                 "expert=... (or set_expert() before reset) so it sees the whole episode"
             )
-        if getattr(pol, "_env_episode", None) != env._episode:
-            pol.reset(env.engine.config, np.random.default_rng([env._episode_seed, 17]))
-            pol._env_episode = env._episode  # type: ignore[attr-defined]
+        if getattr(pol, "_env_episode", None) != self.episode:
+            pol.reset(self.engine.config, np.random.default_rng([self.seed, 17]))
+            pol._env_episode = self.episode  # type: ignore[attr-defined]
         return pol
 
-    def plan(self, pol: Scheduler) -> BatchPlan:
+    def plan(self, pol: Scheduler, bid: int) -> BatchPlan:
         """``pol``'s plan at this boundary (its ``schedule`` runs once per boundary)."""
-        key = (id(pol), self.env.dp.bid)
+        key = (id(pol), bid)
         if self.plan_cache is not None and self.plan_cache[:2] == key:
             return self.plan_cache[2]
-        plan = pol.schedule(self.env.engine.view)
+        plan = pol.schedule(self.engine.view)
         self.plan_cache = (*key, plan)
         return plan
 
 
-def plan_admissions(env: LLMSchedEnv, plan: BatchPlan) -> list[int]:
+def _spec_of(pol: Scheduler) -> tuple:
+    """A policy's name and parameters (to find an expert among ``meta`` candidates)."""
+    return pol.name, tuple(sorted((k, repr(getattr(pol, k, None))) for k in type(pol).params))
+
+
+def plan_admissions(view: EngineView, plan: BatchPlan) -> list[int]:
     """Waiting requests ``plan`` admits, in its order; raises Inexpressible for what no slot
     mode can do (idling while requests run, skipping decodes)."""
-    e = env.engine
-    if plan.idle and (e.running or plan.prefill):
+    if plan.idle and (view.running or plan.prefill):
         raise Inexpressible("it idles while requests run (no action pauses every request)")
-    if not plan.decode and (e.running or plan.prefill):
+    if not plan.decode and (view.running or plan.prefill):
         raise Inexpressible("it runs a prefill-only batch (decode=False)")
-    state = e.state
+    state = view.state
     return [int(r) for r in plan.prefill if state[r] == WAITING]
 
 
-def plan_key(env: LLMSchedEnv, plan: BatchPlan) -> tuple:
+def plan_key(view: EngineView, plan: BatchPlan) -> tuple:
     """What a plan does, independent of how it spells it: chunks (-1: the whole rest), paused
     requests, preemptions."""
-    e = env.engine
-    view = e.view
+    target, state, prefilled = view.prefill_target, view.state, view.prefilled
     chunks = []
     for rid, c in plan.prefill.items():
-        whole = int(e.prefill_target[rid]) - (view.prefix_match(rid) if e.state[rid] == WAITING
-                                              else int(e.prefilled[rid]))
+        whole = int(target[rid]) - (view.prefix_match(rid) if state[rid] == WAITING else int(prefilled[rid]))
         chunks.append((int(rid), -1 if c == 0 or c >= whole else int(c)))
     return tuple(chunks), frozenset(int(r) for r in plan.pause), tuple(int(r) for r in plan.preempt)
 
 
-def describe(env: LLMSchedEnv, plan: BatchPlan) -> str:
+def describe(view: EngineView, plan: BatchPlan) -> str:
     """A plan in a few words (for error messages)."""
-    ch, pause, pre = plan_key(env, plan)
+    ch, pause, pre = plan_key(view, plan)
     return f"prefill {list(ch)}, {len(pause)} paused, preempt {list(pre)}"

@@ -1,63 +1,45 @@
-"""``LLMSched-v1``: the Gymnasium environment (its class docstring is the manual)."""
+"""``LLMSched-v1``: the Gymnasium environment (its class docstring is the manual).
+
+The env is put together from parts, each in its module: the arguments' checks
+(:mod:`~llmsched_gym.env.settings`), the decision point (:mod:`~llmsched_gym.env.decision`), the
+action modes (:mod:`~llmsched_gym.env.modes`), which reach the episode only through its engine
+driver (:mod:`~llmsched_gym.env.driver`), the observation (:mod:`~llmsched_gym.env.observation`),
+the reward (:mod:`~llmsched_gym.env.reward`), the engine's scheduler adapter
+(:mod:`~llmsched_gym.env.adapter`) and the expert replay (:mod:`~llmsched_gym.env.experts`).
+"""
 
 from __future__ import annotations
 
 import copy
-import math
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from baselines import NotApplicable, applicable, check_applicable
-from llmsched_gym.config import ConfigError, Setting
-from llmsched_gym.core.batching import BatchBuilder
-from llmsched_gym.core.engine import RUNNING, WAITING, Engine
+from llmsched_gym.config import explicit_engine_keys
+from llmsched_gym.core.engine import Engine
 from llmsched_gym.core.information import BLIND, information_of
 from llmsched_gym.core.metrics import summarize
 from llmsched_gym.core.scenarios import resolve_scenario
-from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
+from llmsched_gym.core.scheduler import Scheduler
 from llmsched_gym.env import ENV_ID
-from llmsched_gym.env import observation as obs_mod
-from llmsched_gym.env.actions import (
-    ACTION_MODES,
-    DEFAULT_BUDGETS,
-    DEFAULT_TUNE,
-    INVALID_ACTION,
-    InvalidActionError,
-    check_budgets,
-    check_tune,
-)
-from llmsched_gym.env.admission import ADMISSION_RULES
-from llmsched_gym.env.decision import ORDERS, DecisionPoint
+from llmsched_gym.env.actions import DEFAULT_BUDGETS, check_budgets
+from llmsched_gym.env.adapter import AgentScheduler
+from llmsched_gym.env.decision import DecisionPoint
+from llmsched_gym.env.driver import Driver
 from llmsched_gym.env.experts import ExpertReplay
-from llmsched_gym.env.modes import MODES
+from llmsched_gym.env.modes import make_mode
+from llmsched_gym.env.observation import ObservationBuilder
 from llmsched_gym.env.reward import RewardTracker, parse_weights
-
-ENGINE_POLICIES = ("fcfs", "sjf", "srpt", "sarathi", "vllm-v1", "vllm-v0")
-"""The engine policies every ``meta`` mode offers by default."""
-PAPER_POLICIES = {
-    "jaillet": ("mcsf", "alpha-beta", "alpha-greedy"),
-    "vtc": ("vtc", "lcf"),
-    "klpm": ("lpm", "k-lpm", "sglang-lpm"),
-    "echo": ("echo", "echo-bs"),
-    "wait": ("wait", "nested-wait"),
-    "nested": ("wait", "nested-wait"),
-}
-"""The paper policies ``meta`` adds by default, by the scenario name's first word."""
-
-
-def default_candidates(scenario_name: str) -> list[str]:
-    """``meta`` mode's default candidates for a scenario: the engine policies, then its paper's."""
-    extra = PAPER_POLICIES.get(str(scenario_name).split("-")[0], ())
-    return list(ENGINE_POLICIES) + [p for p in extra if p not in ENGINE_POLICIES]
-
-
-MAX_K = 4096
-"""Most queue slots ``K`` an observation may hold: the observation and mask arrays grow with K (at
-K = 10^7 a 50-request episode took 2.2 GB)."""
+from llmsched_gym.env.settings import (
+    RENDER_MODES,
+    check_args,
+    check_information,
+    mode_policies,
+    scenario_overrides,
+)
+from llmsched_gym.sim import scenario_engine
 
 
 class LLMSchedEnv(gym.Env):
@@ -166,25 +148,73 @@ class LLMSchedEnv(gym.Env):
     the KV capacity in tokens), durations ``log1p(t / u) / log1p(1e6)`` (``u`` the scenario's time
     unit: the batch time of a one-token decode); values are clipped into the bounds.
 
-    ``queue``: ``K x {n_queue}`` values, slot-major (feature ``f`` of slot ``i`` at ``{n_queue} i +
+    ``queue``: ``K x 12`` values, slot-major (feature ``f`` of slot ``i`` at ``12 i +
     f``); an empty slot is all zeros.
 
-{queue_table}
+    ===  ==================  ===========  ===================================================================================================================================================
+    i    name                range        meaning
+    ===  ==================  ===========  ===================================================================================================================================================
+    0    present             [0, 1]       1 if a request occupies the slot (all other features are 0 when not)
+    1    prompt              [0, 1]       tokens to prefill (prompt, + generated after a recompute preemption), log-scaled
+    2    predicted_output    [0, 1]       predicted output tokens still to generate, log-scaled (blind: tokens generated so far, non-zero after a recompute preemption)
+    3    uncertainty         [0, 1]       relative spread of the predictor (0 oracle, x for noisy(x), min(sigma, 1) for lognormal, bucket width; blind: 1)
+    4    age                 [0, 1]       time since arrival, log-scaled
+    5    prefix_hit          [0, 1]       fraction of the prompt the prefix cache would serve now
+    6    service_deficit     [0, 1]       (max client service - this client's) / (max + 1), weighted service
+    7    task_class          [0, 1]       0 online, 1 offline
+    8    slo_slack           [-1, 1]      (TTFT deadline - now) / TTFT SLO, clipped; 1 without a TTFT SLO
+    9    fits_now            [0, 1]       1 if it passes the 'current' admission rule given the batch so far
+    10   fits_future         [0, 1]       1 if it passes the 'future' (MC-SF Eq. (1)) rule given the batch so far (chosen requests counted at their peak unless admission='future'; blind: 0)
+    11   prefilled           [0, 1]       fraction of the prompt whose KV is already computed (a swapped-out request keeps it)
+    ===  ==================  ===========  ===================================================================================================================================================
 
     ``running``: about the running requests (less those chosen for preemption) plus those chosen
     for the batch being formed.
 
-{running_table}
+    ===  ==================  ===========  ================================================================================================================================================================
+    i    name                range        meaning
+    ===  ==================  ===========  ================================================================================================================================================================
+    0    count               [0, 1]       running requests + requests chosen for this batch, log1p(n) / log1p(M)
+    1    kv_used             [0, 2]       (KV used + KV reserved by the batch being formed) / capacity
+    2    remaining_hist_0    [0, 1]       fraction of them with predicted remaining output in [1, 2) (blind: tokens generated so far, in [0, 2))
+    3    remaining_hist_1    [0, 1]       fraction of them with predicted remaining output in [2, 8) (blind: tokens generated so far, in [2, 8))
+    4    remaining_hist_2    [0, 1]       fraction of them with predicted remaining output in [8, 32) (blind: tokens generated so far, in [8, 32))
+    5    remaining_hist_3    [0, 1]       fraction of them with predicted remaining output in [32, 128) (blind: tokens generated so far, in [32, 128))
+    6    remaining_hist_4    [0, 1]       fraction of them with predicted remaining output in [128, 512) (blind: tokens generated so far, in [128, 512))
+    7    remaining_hist_5    [0, 1]       fraction of them with predicted remaining output in [512, 2048) (blind: tokens generated so far, in [512, 2048))
+    8    remaining_hist_6    [0, 1]       fraction of them with predicted remaining output in [2048, 8192) (blind: tokens generated so far, in [2048, 8192))
+    9    remaining_hist_7    [0, 1]       fraction of them with predicted remaining output in [8192, inf) (blind: tokens generated so far, in [8192, inf))
+    10   future_peak         [0, 2]       predicted future KV peak of the running requests alone (Eq. (1)) / capacity (blind: 0)
+    11   selected            [0, 1]       requests chosen for this batch so far (select mode), log1p(n) / log1p(M)
+    12   prefilling          [0, 1]       running requests with an unfinished (chunked) prefill, log1p(n) / log1p(M)
+    13   prefill_owed        [0, 2]       prompt tokens those still have to prefill, log-scaled
+    14   preempting          [0, 1]       running requests chosen for preemption in the batch being formed, log1p(n) / log1p(M)
+    15   batch_tokens        [0, 2]       tokens the batch being formed computes with an unlimited budget (decodes + prompt tokens owed by unfinished prefills + the chosen requests' prompts), log-scaled
+    ===  ==================  ===========  ================================================================================================================================================================
 
     ``globals``:
 
-{globals_table}
+    ===  =====================  ===========  ===============================================================================================
+    i    name                   range        meaning
+    ===  =====================  ===========  ===============================================================================================
+    0    kv_used                [0, 2]       KV used / capacity (above 1 only after an overflow a clear handler left)
+    1    queue_len              [0, 1]       waiting requests not chosen yet, log1p(n) / log1p(N requests)
+    2    arrival_rate           [0, 1]       arrivals in the last RATE_WINDOW time units, log1p(n) / log1p(N requests)
+    3    since_batch            [0, 1]       time since the last batch that admitted a request, log-scaled
+    4    last_iteration         [0, 1]       duration of the last iteration, log-scaled
+    5    arrived                [0, 1]       fraction of the episode's requests that have arrived
+    6    last_prefill_tokens    [0, 2]       prompt tokens the last iteration prefilled, log-scaled
+    7    last_decode_tokens     [0, 2]       requests the last iteration decoded, log-scaled
+    8    budget                 [0, 2]       token budget of the last batch, log-scaled; 2 when unlimited
+    9    backlog                [0, 2]       prompt tokens the waiting requests still have to prefill, log-scaled (> 1: more than the cache)
+    10   stall                  [0, 1]       time since the running request that waited longest last got a token or a chunk, log-scaled
+    ===  =====================  ===========  ===============================================================================================
 
     ``budgets`` (``select`` mode): one value per launch action, the latency model's prediction of
     the batch's duration with that budget (decodes first, then the unfinished prefills and the
     chosen requests' prompts), ``log1p(t / u) / log1p(1e6)``.
 
-    **Reward** (``reward``: a dict of weights, default ``{{"latency": 1.0}}``; see
+    **Reward** (``reward``: a dict of weights, default ``{"latency": 1.0}``; see
     ``llmsched_gym.env.reward``): the weighted sum of the step's components, measured over the
     iterations simulated since the previous step. ``latency``: minus the request-seconds spent in
     the system (sums exactly to minus the summary's ``total_latency_s`` when every request
@@ -211,7 +241,7 @@ class LLMSchedEnv(gym.Env):
     ``rollout/ep_rew_mean``. Over a whole episode the wrappers' ``r`` and ``l`` equal
     ``episode_stats``'s.
 
-    **Experts.** ``expert=`` attaches a policy (registered name, ``{{"name": ..., **params}}`` or a
+    **Experts.** ``expert=`` attaches a policy (registered name, ``{"name": ..., **params}`` or a
     Scheduler): the env forwards the engine's hooks to it and applies its ``engine_overrides``, and
     :meth:`expert_action` returns the action that reproduces its plan. In ``select`` mode every
     plan made of preemptions of the newest (or longest-remaining) running request, admissions of
@@ -231,10 +261,10 @@ class LLMSchedEnv(gym.Env):
     * ``admission``: ``none`` | ``current`` | ``future``; ``max_num_seqs``: cap (default none).
     * ``budgets``: the token budgets of ``select``'s launch actions (``None``: unlimited);
       ``budget``: the fixed budget of ``subset``, ``priority`` and ``knob`` (default unlimited).
-    * ``candidates``: ``meta`` mode's policies (names or ``{{"name": ..., **params}}``).
-    * ``base``, ``tune``: ``tune`` mode's policy and ``{{parameter: [low, high]}}``.
+    * ``candidates``: ``meta`` mode's policies (names or ``{"name": ..., **params}``).
+    * ``base``, ``tune``: ``tune`` mode's policy and ``{parameter: [low, high]}``.
     * ``n_requests``, ``horizon_s``: episode length (``workload.n_requests``, ``engine.horizon_s``).
-    * ``overrides``: dotted scenario overrides, as ``--set`` (``{{"engine.kv_capacity_tokens": 8000}}``).
+    * ``overrides``: dotted scenario overrides, as ``--set`` (``{"engine.kv_capacity_tokens": 8000}``).
     * ``flat``: one Box observation instead of the Dict.
     * ``invalid_action``: ``noop`` | ``raise``; ``invalid_penalty``: reward per invalid action.
     * ``expert``: a policy attached to the episode (see **Experts**).
@@ -260,10 +290,10 @@ class LLMSchedEnv(gym.Env):
     version change); retired: ``gymnasium.make("LLMSched-v0")`` raises Gymnasium's
     ``DeprecatedEnv`` naming v1. Note that the built-in ``azure-conv`` became ``predicted`` at the
     same time (a log-normal predictor error; it was clairvoyant), which changes its episodes under
-    any version: ``overrides={{"workload.predictor": {{"type": "oracle"}}}}`` is the old task.
+    any version: ``overrides={"workload.predictor": {"type": "oracle"}}`` is the old task.
     """
 
-    metadata = {"render_modes": ["ansi", "rgb_array"], "render_fps": 8}
+    metadata = {"render_modes": list(RENDER_MODES), "render_fps": 8}
 
     def __init__(
         self,
@@ -289,110 +319,44 @@ class LLMSchedEnv(gym.Env):
         latency: str | dict | None = None,
         render_mode: str | None = None,
     ) -> None:
-        for name, value, allowed in (("action_mode", action_mode, ACTION_MODES), ("order", order, ORDERS),
-                                     ("admission", admission, ADMISSION_RULES),
-                                     ("invalid_action", invalid_action, INVALID_ACTION)):
-            if value not in allowed:
-                raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
-        if isinstance(K, bool) or not isinstance(K, int | np.integer) or not 1 <= K <= MAX_K:
-            raise ConfigError(f"K: must be an integer in [1, {MAX_K}] (the observation holds K slots), got {K!r}")
-        for name, value in (("budget", budget), ("max_num_seqs", max_num_seqs)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1):
-                raise ConfigError(f"{name}: must be an integer >= 1 or None, got {value!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"render_mode: {render_mode!r} is not one of ansi, rgb_array")
-        try:
-            self.invalid_penalty = float(invalid_penalty)
-        except (TypeError, ValueError):
-            raise ConfigError(f"invalid_penalty: expected a number, got {invalid_penalty!r}") from None
-        self.mode = action_mode
-        self.K = int(K)
-        self.order = order
-        self.admission = admission
+        a = check_args(action_mode=action_mode, order=order, admission=admission, invalid_action=invalid_action,
+                       K=K, budget=budget, max_num_seqs=max_num_seqs, render_mode=render_mode,
+                       invalid_penalty=invalid_penalty, flat=flat, n_requests=n_requests, horizon_s=horizon_s,
+                       overrides={} if overrides is None else overrides)
+        self.mode, self.K, self.order, self.admission = action_mode, a["K"], order, admission
         self.budgets = check_budgets(budgets)
-        self.budget = None if budget is None else int(budget)
-        self.flat = Setting("bool").check("flat", flat)
-        self.invalid_action = invalid_action
-        self.render_mode = render_mode
+        self.budget, self.flat, self.invalid_penalty = a["budget"], a["flat"], a["invalid_penalty"]
+        self.invalid_action, self.render_mode = invalid_action, render_mode
         self.weights = parse_weights(reward)
-        if overrides is not None and not isinstance(overrides, Mapping):
-            raise ConfigError(f"overrides: expected a mapping like {{'engine.block_size': 16}}, got {overrides!r}")
-        self._overrides = dict(overrides or {})
-        if n_requests is not None:
-            self._overrides["workload.n_requests"] = Setting("int", ge=0).check("n_requests", n_requests)
-        if horizon_s is not None:
-            self._overrides["engine.horizon_s"] = Setting("float", gt=0).check("horizon_s", horizon_s)
-        if latency is not None:
-            self._overrides["latency"] = latency
-        self._spec = resolve_scenario(scenario, self._overrides)
-        self.information = info = information_of(self._spec)
-        for name, value, needs in (("order", order, order == "shortest"), ("admission", admission, admission == "future")):
-            if needs and info == BLIND:
-                raise NotApplicable(f"{name}: {value!r} needs output-length predictions; the task is blind "
-                                    f"(allowed: {', '.join(x for x in (ORDERS if name == 'order' else ADMISSION_RULES) if x != value)})")
-        from llmsched_gym.sim import make_policy
-
-        self.switch = self.base = None
-        self.tune = None
-        if action_mode == "meta":
-            from llmsched_gym.core.switch import Switch
-
-            if candidates is not None:
-                specs = candidates
-            else:  # the defaults the task's information model allows
-                specs = [c for c in default_candidates(self._spec.get("name", "")) if applicable(c, info)[0]]
-            if not specs:
-                raise ConfigError("candidates: meta mode needs at least one policy")
-            self.switch = Switch([make_policy(c) for c in specs])
-            _check_applicable(self.switch, info, "candidates")
-        elif candidates is not None:
-            raise ConfigError(f"candidates: only meta mode takes candidates (action_mode={action_mode!r})")
-        if action_mode == "tune":
-            self.base = make_policy(base)
-            _check_applicable(self.base, info, "base")
-            self.tune = check_tune(tune if tune is not None else DEFAULT_TUNE, type(self.base).params)
-        self.dp = DecisionPoint(self.K, order, admission, None if max_num_seqs is None else int(max_num_seqs))
-        self._mode = MODES[action_mode](self)
+        self._overrides = scenario_overrides(a["overrides"], a["n_requests"], a["horizon_s"], latency)
+        self.scenario = resolve_scenario(scenario, self._overrides)
+        self.information = information_of(self.scenario)
+        check_information(order, admission, self.information)
+        pols = mode_policies(action_mode, candidates, base, tune, self.scenario.get("name", ""), self.information)
+        self.switch, self.base, self.tune = pols.switch, pols.base, pols.tune
+        self.dp = DecisionPoint(self.K, order, admission, a["max_num_seqs"])
+        self.driver = Driver(self.dp, invalid_action == "raise", record=render_mode == "rgb_array")
+        self._mode = make_mode(action_mode, self.driver, self.dp, self.K, budgets=self.budgets, budget=self.budget,
+                               blind=self.information == BLIND, switch=self.switch, base=self.base, tune=self.tune)
         self.action_space = self._mode.space
-        self._obs = obs_mod.ObservationBuilder(self.K, self.flat, self.budgets if action_mode == "select" else None)
+        self._obs = ObservationBuilder(self.K, self.flat, self.budgets if action_mode == "select" else None)
         self.observation_space = self._obs.space
-        self._adapter = _AgentScheduler(self)
-        self._expert: Scheduler | None = None
-        self.set_expert(expert)
         self._tracker = RewardTracker(self.weights)
-        self._experts = ExpertReplay(self)
-        self._history: list[tuple[float, float, int]] = []
+        self._adapter = AgentScheduler(self._tracker, self._refresh_request)
+        self._experts = ExpertReplay(self._mode, self.information)
+        self.set_expert(expert)
         self.engine: Engine | None = None
-        self._ended = True
+        self.episode_seed: int | None = None
         self._episode = 0
+        self._ended = True
 
     # ------------------------------------------------------------------------------------------
     # experts
     def set_expert(self, expert: str | dict | Scheduler | None) -> None:
         """Attach ``expert`` from the next :meth:`reset` on (its hooks and engine overrides apply)."""
-        from llmsched_gym.sim import make_policy
-
-        self._expert = None if expert is None else make_policy(expert)
-        if self._expert is not None:
-            _check_applicable(self._expert, self.information, "expert")
-        if self.switch is not None and self._expert is not None:
-            # meta mode: the expert is the candidate with the same name and parameters
-            want = _spec_of(self._expert)
-            match = [c for c in self.switch.candidates if _spec_of(c) == want]
-            if not match:
-                raise ValueError(f"expert: {self._expert.name} is not one of the candidates "
-                                 f"({', '.join(c.name for c in self.switch.candidates)})")
-            self._expert = match[0]
-        delegate = self._delegate()
-        forced = dict(getattr(delegate, "engine_overrides", {}) or {})
-        # an agent's batch must always run: forbid becomes vLLM's LIFO preemption
-        if forced.get("overflow", self._spec.get("engine", {}).get("overflow", "forbid")) == "forbid":
-            forced["overflow"] = "preempt_lifo_recompute"
-        self._adapter.engine_overrides = forced
-
-    def _delegate(self) -> Scheduler | None:
-        """The scheduler that receives the engine's hooks: the Switch, the tuned base or the expert."""
-        return self.switch or self.base or self._expert
+        pol = self._experts.attach(expert, self.switch)
+        delegate = self.switch or self.base or pol
+        self._adapter.attach(delegate, self.scenario.get("engine", {}).get("overflow", "forbid"))
 
     def expert_action(self, policy: str | dict | Scheduler | None = None, strict: bool = True):
         """The action that reproduces ``policy``'s plan at this step, in this env's action mode.
@@ -410,98 +374,38 @@ class LLMSchedEnv(gym.Env):
         """
         if self._ended:
             raise RuntimeError("expert_action(): the episode has ended; call reset()")
-        return self._experts.action(policy, strict)
+        return self._experts.action(policy, strict, self.dp.bid)
 
     def fallback_action(self):
         """The launch action of the current mode (what an inexpressible expert plan becomes)."""
-        if self.mode == "select":
-            return self._mode.launch0 + self.budgets.index(self.last_budget)
-        if self.mode == "subset":
-            return np.zeros(self.K, np.int8)
-        return np.full(self.K, -1.0, np.float32)
-
-    # ------------------------------------------------------------------------------------------
-    # batches: formed by the shared builder
-    def form(self, budget: int | None, admit: list[int]) -> BatchPlan:
-        """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry):
-        what :class:`~llmsched_gym.core.batching.BatchBuilder` forms (``reserve=False``, no
-        memory check), computed from the decision point's running set unless a decode is paused."""
-        e, dp = self.engine, self.dp
-        if budget is None and not dp.victims and not e.n_in_prefill:
-            return BatchPlan(prefill={r: BatchPlan.FULL for r in admit})
-        n_dec = dp.batch_shape()[0]
-        if budget is not None and budget < n_dec:  # decodes paused: the builder's own phases
-            b = BatchBuilder(e.view, budget, reserve=False, preempted=dp.victims)
-            b.decode_first(preempt=False)
-            b.continue_prefills()
-            for rid in admit:
-                b.admit(rid, check=False)
-            plan = b.plan()
-            plan.hold = False
-            return plan
-        # decodes first, then unfinished prefills in admission order, then the admissions, each
-        # with a chunk of what the budget leaves
-        left = math.inf if budget is None else budget - n_dec
-        prefill: dict[int, int] = {}
-        for rid, owed in zip(*dp.unfinished_prefills(), strict=True):
-            if left <= 0:
-                break
-            c = owed if owed <= left else left
-            prefill[rid] = c
-            left -= c
-        if budget is None:
-            for rid in admit:
-                prefill[rid] = BatchPlan.FULL
-        elif left > 0:
-            target, match = e.prefill_target, e.kv.match_tokens
-            for rid in admit:
-                c = int(target[rid]) - match(rid)
-                if c >= left:
-                    prefill[rid] = left
-                    break
-                prefill[rid] = c
-                left -= c
-        return BatchPlan(prefill=prefill, preempt=list(dp.victims))
-
-    def batch_shape(self) -> tuple[int, int, int, int, int]:
-        """Decodes and their context, unfinished prefills, tokens owed and their context (now,
-        less the requests chosen for preemption)."""
-        return self.dp.batch_shape()
+        return self._mode.fallback()
 
     # ------------------------------------------------------------------------------------------
     # gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        from llmsched_gym.sim import make_engine
-
-        self._episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31 - 1))
+        self.episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31 - 1))
         self._episode += 1
         if self.engine is not None:  # free the last episode now, not at the next cyclic collection
             self.engine.close()
             self.engine = None
         self._wall0 = time.perf_counter()
-        engine, _ = make_engine(self._spec, self._adapter, self._episode_seed, self._overrides)
-        self.engine = e = engine
-        self.dp.setup(e)
-        self._obs.setup(self)
+        self.engine = e = scenario_engine(self.scenario, self._adapter, self.episode_seed,
+                                          explicit_engine_keys(self._overrides))
+        mode, driver = self._mode, self.driver
+        driver.start(e, self.budgets[0] if self.mode == "select" else self.budget, mode.decides, mode.between)
+        self._obs.setup(e, self.dp, self.information, self.scenario["workload"].get("predictor"))
         self._tracker.reset(e)
         self._zeros = {"latency": 0.0, "throughput": 0.0, "eviction": 0.0, "slo": 0.0, "fairness": 0.0}
         if self._tracker.has_slo:
             self._zeros["slo_online"] = self._zeros["slo_offline"] = 0.0
-        self._n_invalid = 0
-        self._experts.plan_cache = None
-        self._history = []
+        self._experts.start(e, self._episode, self.episode_seed)
         self._summary: dict[str, Any] | None = None
-        self._terminated = False
-        self.last_admit_s = e.clock
-        self.last_iter_s = 0.0
-        self.last_prefill_tokens = self.last_decode_tokens = 0
-        self.last_budget = self.budgets[0] if self.mode == "select" else self.budget
-        self.stalled: dict[int, float] = {}
         self._return = 0.0
         self._steps = 0
         self._ended = False
-        self._advance()
+        driver.advance()
+        self._check_end()
         self._ended_in_reset = self._ended
         return self._observe(), self._info(None)
 
@@ -520,19 +424,28 @@ class LLMSchedEnv(gym.Env):
             # the episode ended during reset (nothing to decide at all)
             self._ended_in_reset = False
             return 0.0, self._terminated, not self._terminated, None
-        bid, invalid0 = self.dp.bid, self._n_invalid
+        driver = self.driver
+        bid, invalid0 = self.dp.bid, driver.n_invalid
         self._mode.step(action)
         self._steps += 1
+        self._check_end()
         if self.dp.bid == bid and not self._ended:  # still forming the same batch
-            reward = -self.invalid_penalty * (self._n_invalid - invalid0)
+            reward = -self.invalid_penalty * (driver.n_invalid - invalid0)
             self._return += reward
             return reward, False, False, None
         reward, comps = self._tracker.collect()
-        reward -= self.invalid_penalty * (self._n_invalid - invalid0)
+        reward -= self.invalid_penalty * (driver.n_invalid - invalid0)
         self._return += reward
         if self._ended:
             return reward, self._terminated, not self._terminated, comps
         return reward, False, False, comps
+
+    def _check_end(self) -> None:
+        """Once the driver's episode has ended: terminated or truncated, and the summary."""
+        if self.driver.ended and not self._ended:
+            self._ended = True
+            self._terminated = self.engine.stop_reason == "all requests finished"
+            self._summary = self._summarize()
 
     def action_masks(self) -> np.ndarray:
         """Valid actions now: a fresh bool array, ``True`` = valid (the layout per mode is in the
@@ -546,7 +459,7 @@ class LLMSchedEnv(gym.Env):
         return self._summarize()
 
     def _summarize(self) -> dict[str, Any]:
-        s = summarize(self.engine, self._spec.get("name", "custom"), "agent", time.perf_counter() - self._wall0)
+        s = summarize(self.engine, self.scenario.get("name", "custom"), "agent", time.perf_counter() - self._wall0)
         s["env"] = ENV_ID
         return s
 
@@ -562,116 +475,29 @@ class LLMSchedEnv(gym.Env):
         if self.render_mode == "ansi":
             return render_ansi(self)
         if self.render_mode == "rgb_array":
-            return render_rgb(self)
+            return render_rgb(self.driver.history)
         return None
 
     # ------------------------------------------------------------------------------------------
-    # the loop between decisions
-    def _advance(self) -> None:
-        """Simulate until the agent has something to decide, or the episode ends."""
-        e, dp, mode = self.engine, self.dp, self._mode
-        while e.poll():
-            dp.begin()
-            if mode.decides():
-                if self.render_mode == "rgb_array":
-                    self._history.append((e.clock, e.kv.used_blocks / dp.cap_blocks, len(e.waiting)))
-                return
-            self._execute(mode.between())
-        self._end_episode()
-
-    def _end_episode(self) -> None:
-        e = self.engine
-        self._ended = True
-        self._terminated = e.stop_reason == "all requests finished"
-        self._summary = self._summarize()
-        self.dp.begin()
-
-    def default_plan(self) -> BatchPlan:
-        """A boundary without a decision: decode with the last budget, wait, or start the head."""
-        e = self.engine
-        if e.running:
-            b = self.last_budget
-            if b is not None and len(e.running) > b:
-                return self.form(b, [])
-            return BatchPlan(hold=self.admission != "future" or not e.waiting)
-        if e.next_idx < e.n:
-            return BatchPlan(idle=True)
-        return BatchPlan.admit([self.dp.slots[0]])
-
-    def launch(self, budget: int | None) -> None:
-        """Run the batch formed so far with token ``budget``, then advance to the next decision."""
-        e, dp = self.engine, self.dp
-        if self.mode == "select":
-            self.last_budget = budget
-        plan = self.form(budget, dp.sel)
-        if not plan.prefill and len(e.running) == len(dp.victims):
-            # nothing would run: wait for the next arrival, or start the head of the queue
-            if e.next_idx < e.n:
-                plan = BatchPlan(preempt=plan.preempt, idle=True)
-            elif dp.slots:
-                dp.sel = [dp.slots[0]]
-                plan = self.form(budget, dp.sel)
-            else:
-                dp.victims = []
-                plan = self.form(budget, [])
-        self.run_plan(plan)
-
-    def run_plan(self, plan: BatchPlan) -> None:
-        """Execute a plan of this boundary and advance to the next decision."""
-        if any(self.engine.state[r] == WAITING for r in plan.prefill):
-            self.last_admit_s = self.engine.clock
-        self._execute(plan)
-        self._advance()
-
-    def invalid(self, message: str) -> None:
-        if self.invalid_action == "raise":
-            raise InvalidActionError(message)
-        self._n_invalid += 1
-
-    def _execute(self, plan: BatchPlan) -> None:
-        e = self.engine
-        t0, it0, pf0, dec0 = e.clock, e.n_iterations, e.total_prefill_tokens, e.total_decoded
-        e.execute(plan)
-        its = e.n_iterations - it0
-        if its:
-            self.last_iter_s = (e.clock - t0) / its
-            self.last_prefill_tokens = e.total_prefill_tokens - pf0
-            self.last_decode_tokens = (e.total_decoded - dec0) // its
-        if plan.pause or e.n_in_prefill or self.stalled:
-            self._track_stalls(plan, t0)
-
-    def _track_stalls(self, plan: BatchPlan, t0: float) -> None:
-        """Running requests that got neither a token nor a chunk since when (the ``stall`` feature)."""
-        e = self.engine
-        st = self.stalled
-        if st:
-            state, prefilled, target = e.state, e.prefilled, e.prefill_target
-            for r in list(st):
-                if state[r] != RUNNING or (r not in plan.pause and (r in plan.prefill or prefilled[r] >= target[r])):
-                    del st[r]
-        for r in plan.pause:
-            if e.state[r] == RUNNING:
-                st.setdefault(r, t0)
-        if e.n_in_prefill:
-            run = np.array(e.running, np.int64)
-            for r in run[e.prefilled[run] < e.prefill_target[run]].tolist():
-                if r not in plan.prefill:
-                    st.setdefault(r, t0)
+    # what the other parts read
+    @property
+    def last_budget(self) -> int | None:
+        """The token budget of the last launch (``select``), or the fixed ``budget``."""
+        return self.driver.recent.budget
 
     def _refresh_request(self, rid: int) -> None:
+        """A preempted request's tables (the engine's ``on_preempt`` hook, through the adapter)."""
         self.dp.refresh(rid)
         self._obs.refresh(rid)
 
-    # ------------------------------------------------------------------------------------------
-    # observation and info
     def _observe(self):
-        return self._obs.observe(self)
+        return self._obs.observe(self.driver.recent)
 
     def _info(self, comps: dict[str, float] | None) -> dict[str, Any]:
         info: dict[str, Any] = {
             "action_mask": self._mode.info_mask(),
             "reward_components": comps if comps is not None else self._zeros.copy(),
-            "invalid_actions": self._n_invalid,
+            "invalid_actions": self.driver.n_invalid,
             "clock_s": self.engine.clock,
             "information": self.information,
             "env": ENV_ID,
@@ -681,86 +507,3 @@ class LLMSchedEnv(gym.Env):
             info["episode_stats"] = {"r": self._return, "l": self._steps,
                                      "t": round(time.perf_counter() - self._wall0, 6)}
         return info
-
-
-def _check_applicable(policy: Scheduler, information: str, arg: str) -> None:
-    """``NotApplicable`` naming the argument when ``policy`` needs what the task does not give."""
-    try:
-        check_applicable(policy, information)
-    except NotApplicable as e:
-        raise NotApplicable(f"{arg}: {e}") from None
-
-
-def _spec_of(pol: Scheduler) -> tuple:
-    """A policy's name and parameters (to find an expert among ``meta`` candidates)."""
-    return pol.name, tuple(sorted((k, repr(getattr(pol, k, None))) for k in type(pol).params))
-
-
-def _docstring_tables() -> None:
-    doc = LLMSchedEnv.__doc__ or ""
-
-    def table(t):
-        return "\n".join("    " + line for line in obs_mod.feature_table(t).splitlines())
-
-    LLMSchedEnv.__doc__ = doc.format(
-        n_queue=len(obs_mod.QUEUE_FEATURES), queue_table=table(obs_mod.QUEUE_FEATURES),
-        running_table=table(obs_mod.RUNNING_FEATURES), globals_table=table(obs_mod.GLOBAL_FEATURES))
-
-
-_docstring_tables()
-
-
-class _AgentScheduler(Scheduler):
-    """The env as the engine's Scheduler: it forms no plan itself (the env drives the engine) but
-    feeds the reward tracker and forwards the engine's hooks to the delegate (the attached expert,
-    ``meta``'s Switch or ``tune``'s base policy)."""
-
-    name = "agent"
-
-    def __init__(self, env: LLMSchedEnv) -> None:
-        self.env = env
-        self.engine_overrides: dict[str, Any] = {}
-
-    def wants(self, hook: str) -> bool:  # type: ignore[override]
-        if hook in ("on_finish", "on_preempt"):
-            return True
-        d = self.env._delegate()
-        return d is not None and d.wants(hook)
-
-    def reset(self, config, rng: np.random.Generator) -> None:
-        super().reset(config, rng)
-        d = self.env._delegate()
-        if d is not None:
-            # the delegate gets the policy stream simulate() would give it
-            d.reset(config, rng)
-
-    def schedule(self, view: EngineView) -> BatchPlan:
-        raise RuntimeError("the LLMSched-v1 adapter is driven by env.step(), not engine.run()")
-
-    def on_arrival(self, req_id: int, view: EngineView) -> bool:
-        ok = self.env._delegate().on_arrival(req_id, view)
-        if not ok:
-            self.env._tracker.on_reject(req_id)
-        return ok
-
-    def on_tokens(self, req_ids: np.ndarray, n: int, view: EngineView) -> None:
-        self.env._delegate().on_tokens(req_ids, n, view)
-
-    def on_prefill(self, req_id: int, n_tokens: int, view: EngineView) -> None:
-        self.env._delegate().on_prefill(req_id, n_tokens, view)
-
-    def on_preempt(self, req_id: int, view: EngineView) -> None:
-        self.env._refresh_request(req_id)
-        d = self.env._delegate()
-        if d is not None and d.wants("on_preempt"):
-            d.on_preempt(req_id, view)
-
-    def on_finish(self, req_id: int, view: EngineView) -> None:
-        self.env._tracker.on_finish(req_id, view.now)
-        d = self.env._delegate()
-        if d is not None and d.wants("on_finish"):
-            d.on_finish(req_id, view)
-
-    def reject_reason(self, req_id: int) -> str:
-        d = self.env._delegate()
-        return d.reject_reason(req_id) if d is not None else super().reject_reason(req_id)

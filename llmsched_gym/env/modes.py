@@ -1,16 +1,17 @@
 """The action modes of ``LLMSched-v1``: one small class per mode.
 
 A mode owns its ``space`` and turns an action into the env's batch: it calls the decision point
-(``env.dp``: select a slot, preempt) and the env (``env.launch(budget)`` forms the batch with the
-shared :class:`~llmsched_gym.core.batching.BatchBuilder`, ``env.run_plan(plan)`` executes a
-policy's plan). It also says which boundaries are decisions (:meth:`Mode.decides`), what runs at
-the others (:meth:`Mode.between`) and how a policy's plan becomes an action
-(:meth:`Mode.expert`, which raises :class:`Inexpressible` when the mode cannot express it).
+(select a slot, preempt) and the episode's :class:`~llmsched_gym.env.driver.Driver`, which is all
+it knows of the env: ``launch(budget)`` runs the batch formed so far, ``run_plan(plan)`` a
+policy's plan, ``default_plan()`` is what runs where nothing is decided, ``invalid(message)``
+counts an invalid action, ``form(budget, admit)`` the batch a launch would form (dry) and
+``view`` the engine's read-only state. It also says which boundaries are decisions
+(:meth:`Mode.decides`), what runs at the others (:meth:`Mode.between`) and how a policy's plan
+becomes an action (:meth:`Mode.expert`, which raises :class:`Inexpressible` when the mode cannot
+express it). :func:`make_mode` builds the mode an env asks for.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,10 +28,9 @@ from llmsched_gym.env.actions import (
     select_size,
     tune_values,
 )
+from llmsched_gym.env.decision import DecisionPoint
+from llmsched_gym.env.driver import Driver
 from llmsched_gym.env.experts import Inexpressible, describe, plan_admissions, plan_key
-
-if TYPE_CHECKING:
-    from llmsched_gym.env.llmsched_env import LLMSchedEnv
 
 
 class Mode:
@@ -38,10 +38,11 @@ class Mode:
 
     name = ""
 
-    def __init__(self, env: LLMSchedEnv) -> None:
-        self.env = env
-        self.dp = env.dp
-        self.K = env.K
+    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, budget: int | None = None) -> None:
+        self.driver = driver
+        self.dp = dp
+        self.K = k
+        self.budget = budget  # the launch budget of subset, priority and knob
 
     @property
     def space(self):
@@ -49,11 +50,11 @@ class Mode:
 
     def decides(self) -> bool:
         """Whether this boundary is a decision: a slot is admissible or a prefill is unfinished."""
-        return self.dp.any or self.env.engine.n_in_prefill > 0
+        return self.dp.any or self.driver.view.n_in_prefill > 0
 
     def between(self) -> BatchPlan:
         """The plan of a boundary that is not a decision (nothing admissible, nothing chunked)."""
-        return self.env.default_plan()
+        return self.driver.default_plan()
 
     def masks(self) -> np.ndarray:
         """Admissible slots (information only in the Box modes)."""
@@ -67,15 +68,20 @@ class Mode:
     def step(self, action) -> None:
         raise NotImplementedError
 
+    def fallback(self):
+        """The action an inexpressible expert plan becomes (the env's ``fallback_action``): here
+        all scores -1 (admit nothing)."""
+        return np.full(self.K, -1.0, np.float32)
+
     def expert(self, pol: Scheduler, plan: BatchPlan):
         raise Inexpressible(f"{self.name} mode has no translation of a batch plan into an action")
 
     # shared by subset and priority: the plan must be what admitting its requests forms
     def _admissions(self, plan: BatchPlan) -> list[int]:
-        env = self.env
+        driver, view = self.driver, self.driver.view
         if plan.preempt:
             raise Inexpressible(f"it preempts {list(plan.preempt)} (only select mode has preempt actions)")
-        admitted = plan_admissions(env, plan)
+        admitted = plan_admissions(view, plan)
         slot_of = {r: i for i, r in enumerate(self.dp.slots)}
         missing = [r for r in admitted if r not in slot_of]
         if missing:
@@ -83,8 +89,8 @@ class Mode:
         masked = [slot_of[r] for r in admitted if not self.dp.ok[slot_of[r]]]
         if masked:
             raise Inexpressible(f"slots {masked} are masked by admission={self.dp.admission!r}")
-        if plan_key(env, plan) != plan_key(env, env.form(env.budget, admitted)):
-            raise Inexpressible(f"its batch is not the one admitting {admitted} forms with budget={env.budget}")
+        if plan_key(view, plan) != plan_key(view, driver.form(self.budget, admitted)):
+            raise Inexpressible(f"its batch is not the one admitting {admitted} forms with budget={self.budget}")
         return admitted
 
 
@@ -93,15 +99,16 @@ class SelectMode(Mode):
 
     name = "select"
 
-    def __init__(self, env: LLMSchedEnv) -> None:
-        super().__init__(env)
-        self.budgets = env.budgets
+    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, budgets: tuple[int | None, ...],
+                 blind: bool) -> None:
+        super().__init__(driver, dp, k)
+        self.budgets = budgets
         self.B = len(self.budgets)
         self.n = select_size(self.K, self.B)
         self.launch0 = self.K
         self.preempt0 = self.K + self.B
         # the preempt actions offered: under blind only the newest (the longest needs predictions)
-        self.preempt_end = self.n if env.information != "blind" else self.preempt0 + 1
+        self.preempt_end = self.n if not blind else self.preempt0 + 1
         self._blank = np.zeros(self.n, bool)  # the launch actions are always valid
         self._blank[self.launch0:self.preempt0] = True
         self._mask_version = -1
@@ -125,7 +132,7 @@ class SelectMode(Mode):
         dp = self.dp
         if dp.version != self._mask_version:  # unchanged until the slots or the batch change
             self._mask_version = dp.version
-            preempt = len(self.env.engine.running) > len(dp.victims)
+            preempt = len(self.driver.view.running) > len(dp.victims)
             if dp.all_ok:
                 key = (len(dp.slots), preempt)
                 got = self._templates.get(key)
@@ -148,24 +155,28 @@ class SelectMode(Mode):
         if type(action) is not int and isinstance(action, np.ndarray | np.integer) \
                 and action.ndim == 0 and action.dtype.kind in "iu":
             action = int(action)
-        dp, env = self.dp, self.env
+        dp, driver = self.dp, self.driver
         if type(action) is int:
             if 0 <= action < len(dp.slots) and dp.ok[action]:
                 dp.select(action)
                 return
             if self.launch0 <= action < self.preempt0:
-                env.launch(self.budgets[action - self.launch0])
+                driver.launch(self.budgets[action - self.launch0])
                 return
             if self.preempt0 <= action < self.preempt_end:
                 victim = dp.victim(PREEMPT_RULES[action - self.preempt0])
                 if victim is not None:
                     dp.preempt(victim)
                     return
-        env.invalid(select_error(action, self.masks(), self.K))
-        env.launch(env.last_budget)
+        driver.invalid(select_error(action, self.masks(), self.K))
+        driver.launch(driver.recent.budget)
+
+    def fallback(self) -> int:
+        """The launch with the last budget."""
+        return self.launch0 + self.budgets.index(self.driver.recent.budget)
 
     def expert(self, pol: Scheduler, plan: BatchPlan) -> int:
-        env, dp = self.env, self.dp
+        driver, view, dp = self.driver, self.driver.view, self.dp
         victims = list(plan.preempt)
         done = len(dp.victims)
         if dp.victims != victims[:done]:
@@ -177,7 +188,7 @@ class SelectMode(Mode):
                     return self.preempt0 + j
             raise Inexpressible(f"it preempts request {v}, neither the newest running request nor the one "
                                 "with the longest predicted remaining output")
-        admitted = plan_admissions(env, plan)
+        admitted = plan_admissions(view, plan)
         if admitted[: len(dp.sel)] != dp.sel:
             raise Inexpressible(f"the batch being formed chose {dp.sel}, the plan admits {admitted}")
         if len(admitted) > len(dp.sel):
@@ -190,11 +201,11 @@ class SelectMode(Mode):
                 raise Inexpressible(f"request {rid} (slot {s}) is masked by admission={dp.admission!r}"
                                     + (f", max_num_seqs={dp.max_num_seqs}" if dp.max_num_seqs else ""))
             return s
-        key = plan_key(env, plan)
+        key = plan_key(view, plan)
         for j, b in enumerate(self.budgets):
-            if plan_key(env, env.form(b, dp.sel)) == key:
+            if plan_key(view, driver.form(b, dp.sel)) == key:
                 return self.launch0 + j
-        raise Inexpressible(f"no launch budget in {list(self.budgets)} forms its batch ({describe(env, plan)})")
+        raise Inexpressible(f"no launch budget in {list(self.budgets)} forms its batch ({describe(view, plan)})")
 
 
 class SubsetMode(Mode):
@@ -210,13 +221,16 @@ class SubsetMode(Mode):
         return m2.reshape(-1)
 
     def step(self, action) -> None:
-        env = self.env
         chosen = check_subset(action, self.dp.ok, self.K)
         if isinstance(chosen, str):
-            env.invalid(chosen)
+            self.driver.invalid(chosen)
             chosen = np.empty(0, np.int64)
         self.dp.filter([int(i) for i in chosen], stop_at_first=False)
-        env.launch(env.budget)
+        self.driver.launch(self.budget)
+
+    def fallback(self) -> np.ndarray:
+        """Admit nothing."""
+        return np.zeros(self.K, np.int8)
 
     def expert(self, pol: Scheduler, plan: BatchPlan) -> np.ndarray:
         act = np.zeros(self.K, np.int8)
@@ -231,16 +245,16 @@ class PriorityMode(Mode):
     name = "priority"
 
     def step(self, action) -> None:
-        env, dp = self.env, self.dp
+        dp = self.dp
         scores = check_box(action, self.K, self.name)
         if isinstance(scores, str):
-            env.invalid(scores)
+            self.driver.invalid(scores)
         else:
             s = scores[: len(dp.slots)]
             # by decreasing score, ties by slot; those scored >= 0 come first
             by_score = np.argsort(-s, kind="stable")
             dp.filter(by_score[: np.count_nonzero(s >= 0.0)].tolist(), stop_at_first=True)
-        env.launch(env.budget)
+        self.driver.launch(self.budget)
 
     def expert(self, pol: Scheduler, plan: BatchPlan) -> np.ndarray:
         admitted = self._admissions(plan)
@@ -257,14 +271,14 @@ class KnobMode(Mode):
     name = "knob"
 
     def step(self, action) -> None:
-        env, dp = self.env, self.dp
+        dp = self.dp
         knobs = check_box(action, len(KNOBS), self.name)
         if isinstance(knobs, str):
-            env.invalid(knobs)
+            self.driver.invalid(knobs)
         else:
             alpha, budget = knob_values(knobs, dp.cap_tokens)
             limit = (1.0 - alpha) * dp.cap_tokens
-            used = env.engine.kv.used_tokens
+            used = self.driver.view.kv_used
             order, tokens, reserved = [], 0, 0
             for s, rid in enumerate(dp.slots):
                 p = int(dp.target[rid])
@@ -275,28 +289,32 @@ class KnobMode(Mode):
                 tokens += p
                 reserved += need
             dp.filter(order, stop_at_first=True)
-        env.launch(env.budget)
+        self.driver.launch(self.budget)
 
 
 class PolicyMode(Mode):
     """Modes whose action picks or parameterises a policy that forms the whole plan."""
 
+    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, policy: Scheduler) -> None:
+        super().__init__(driver, dp, k)
+        self.policy = policy
+
     def decides(self) -> bool:
-        e = self.env.engine
-        return bool(e.waiting) or e.n_in_prefill > 0
+        view = self.driver.view
+        return bool(view.waiting) or view.n_in_prefill > 0
 
     def between(self) -> BatchPlan:
-        return self.policy.schedule(self.env.engine.view)
+        return self.policy.schedule(self.driver.view)
 
     def masks(self) -> np.ndarray:
         return np.ones(self.space.n if self.name == "meta" else self.K, bool)
 
     def run(self) -> None:
-        env = self.env
-        plan = self.policy.schedule(env.engine.view)
-        if env.engine.waiting:
+        view = self.driver.view
+        plan = self.policy.schedule(view)
+        if view.waiting:
             plan.hold = False  # the next boundary is a decision again
-        env.run_plan(plan)
+        self.driver.run_plan(plan)
 
 
 class MetaMode(PolicyMode):
@@ -304,10 +322,9 @@ class MetaMode(PolicyMode):
 
     name = "meta"
 
-    def __init__(self, env: LLMSchedEnv) -> None:
-        super().__init__(env)
-        self.policy = env.switch
-        self.n = len(env.switch.candidates)
+    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, switch: Scheduler) -> None:
+        super().__init__(driver, dp, k, switch)
+        self.n = len(switch.candidates)
 
     @property
     def space(self):
@@ -316,7 +333,7 @@ class MetaMode(PolicyMode):
     def step(self, action) -> None:
         err = discrete_error(action, self.n, self.name)
         if err:
-            self.env.invalid(err)
+            self.driver.invalid(err)
         else:
             self.policy.active = int(action)
         self.run()
@@ -334,10 +351,10 @@ class TuneMode(PolicyMode):
 
     name = "tune"
 
-    def __init__(self, env: LLMSchedEnv) -> None:
-        super().__init__(env)
-        self.policy = env.base
-        self.knobs = env.tune
+    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, base: Scheduler,
+                 knobs: dict[str, tuple[float, float]]) -> None:
+        super().__init__(driver, dp, k, base)
+        self.knobs = knobs
         self.params = type(self.policy).params
 
     @property
@@ -350,7 +367,7 @@ class TuneMode(PolicyMode):
     def step(self, action) -> None:
         a = check_box(action, len(self.knobs), self.name)
         if isinstance(a, str):
-            self.env.invalid(a)
+            self.driver.invalid(a)
         else:
             for name, value in tune_values(a, self.knobs, self.params).items():
                 setattr(self.policy, name, value)
@@ -360,4 +377,20 @@ class TuneMode(PolicyMode):
 MODES: dict[str, type[Mode]] = {m.name: m for m in (SelectMode, SubsetMode, PriorityMode, KnobMode, MetaMode, TuneMode)}
 
 
-__all__ = ["MODES", "Mode"]
+def make_mode(name: str, driver: Driver, dp: DecisionPoint, k: int, *, budgets: tuple[int | None, ...],
+              budget: int | None, blind: bool, switch: Scheduler | None = None, base: Scheduler | None = None,
+              tune: dict[str, tuple[float, float]] | None = None) -> Mode:
+    """The action mode ``name`` over ``driver`` and ``dp`` with ``k`` slots: ``select`` launches
+    with ``budgets`` (its longest-remaining preempt masked when ``blind``), ``subset``,
+    ``priority`` and ``knob`` with ``budget``; ``meta`` runs ``switch``'s candidates, ``tune``
+    the ``base`` policy with knobs ``tune``."""
+    if name == "select":
+        return SelectMode(driver, dp, k, budgets, blind)
+    if name == "meta":
+        return MetaMode(driver, dp, k, switch)
+    if name == "tune":
+        return TuneMode(driver, dp, k, base, tune)
+    return MODES[name](driver, dp, k, budget)
+
+
+__all__ = ["MODES", "Mode", "make_mode"]

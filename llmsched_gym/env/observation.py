@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gymnasium import spaces
 
 from llmsched_gym.core.information import BLIND
+
+if TYPE_CHECKING:
+    from llmsched_gym.core.engine import Engine
 
 TIME_RANGE = 1e6
 """Durations saturate at a million time units."""
@@ -158,6 +163,27 @@ def generated_hist(generated: np.ndarray) -> np.ndarray:
 _FITS_NOW, _FITS_FUTURE = Q["fits_now"], Q["fits_future"]
 
 
+@dataclass(slots=True)
+class Recent:
+    """What the last batches did, kept by the env's driver (the ``since_batch``, ``last_iteration``,
+    ``last_prefill_tokens``, ``last_decode_tokens``, ``budget`` and ``stall`` features read it).
+
+    :ivar admit_s: clock of the last batch that admitted a request.
+    :ivar iter_s: duration of one iteration of the last plan run.
+    :ivar prefill_tokens: prompt tokens the last plan prefilled.
+    :ivar decode_tokens: requests one iteration of the last plan decoded.
+    :ivar budget: token budget of the last launch (``None``: unlimited).
+    :ivar stalled: running requests that got neither a token nor a chunk, and since when.
+    """
+
+    admit_s: float = 0.0
+    iter_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    budget: int | None = None
+    stalled: dict[int, float] = field(default_factory=dict)
+
+
 class ObservationBuilder:
     """Writes the observation of a decision point, feature by feature (names from the tables).
 
@@ -190,12 +216,14 @@ class ObservationBuilder:
         self.i_selected, self.i_batch_tokens = at["running.selected"], at["running.batch_tokens"]
         self.i_queue_len, self.i_backlog = at["globals.queue_len"], at["globals.backlog"]
 
-    def setup(self, env) -> None:
-        """Per-episode tables (``env`` has just reset its engine and decision point)."""
-        e, dp = env.engine, env.dp
+    def setup(self, e: Engine, dp: Any, information: str, predictor: Any = None) -> None:
+        """Per-episode tables of engine ``e`` (fresh) and decision point ``dp`` (the env's
+        :class:`~llmsched_gym.env.decision.DecisionPoint`, set up on ``e``),
+        under the task's ``information`` model and the workload's ``predictor`` spec (the
+        ``uncertainty`` feature)."""
         wl = e.workload
         self.e, self.dp = e, dp
-        self.blind = env.information == BLIND
+        self.blind = information == BLIND
         cap = dp.cap_tokens
         self.n = max(len(wl), 1)
         lat = e.latency
@@ -228,7 +256,7 @@ class ObservationBuilder:
         st[:-1, Q["prompt"]] = self.tbl[np.minimum(wl.prompt_tokens, cap)]
         # blind: tokens generated so far (0 at the start; refresh() after a recompute preemption)
         st[:-1, Q["predicted_output"]] = 0.0 if self.blind else self.tbl[np.minimum(wl.predicted_output, cap)]
-        st[:-1, Q["uncertainty"]] = predictor_spread(env._spec["workload"].get("predictor"), wl.predicted_output)
+        st[:-1, Q["uncertainty"]] = predictor_spread(predictor, wl.predicted_output)
         st[:-1, Q["task_class"]] = wl.task_class
         st[:-1, Q["slo_slack"]] = 1.0
         self.rows = st
@@ -258,7 +286,9 @@ class ObservationBuilder:
         return min(math.log1p(max(t, 0.0) * self.inv_unit) * self.inv_log_time, 1.0)
 
     # ------------------------------------------------------------------------------------------
-    def observe(self, env):
+    def observe(self, last: Recent) -> np.ndarray | dict[str, np.ndarray]:
+        """The observation now (a fresh array, or a dict of views of one): the decision point's
+        slots and batch being formed, the engine, and ``last``, what the last batches did."""
         e, dp = self.e, self.dp
         n = len(dp.slots)
         if n and dp.row_upto < self.K + len(dp.sel):  # (window()'s test, without the call)
@@ -267,7 +297,7 @@ class ObservationBuilder:
         key = (dp.bid, len(dp.victims))
         if key != self.key:  # a new boundary or a preemption
             self.key = key
-            self._boundary(env)
+            self._boundary(last)
         if self.budgets and self.timed:
             self._batch_times()
         buf = self.base.copy()
@@ -298,7 +328,7 @@ class ObservationBuilder:
             return buf
         return {name: buf[part] for name, part in self.parts}
 
-    def _boundary(self, env) -> None:
+    def _boundary(self, last: Recent) -> None:
         """The base of this boundary: the running requests (less those chosen for preemption),
         the globals; the budgets' batch times start over."""
         e, dp, at = self.e, self.dp, self.at
@@ -330,14 +360,15 @@ class ObservationBuilder:
         recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
         base[at["globals.kv_used"]] = min(e.kv.used_blocks / dp.cap_blocks, 2.0)
         base[at["globals.arrival_rate"]] = math.log1p(recent) * self.inv_log_n
-        base[at["globals.since_batch"]] = self.log_time(now - env.last_admit_s)
-        base[at["globals.last_iteration"]] = self.log_time(env.last_iter_s)
+        base[at["globals.since_batch"]] = self.log_time(now - last.admit_s)
+        base[at["globals.last_iteration"]] = self.log_time(last.iter_s)
         base[at["globals.arrived"]] = e.next_idx / self.n
-        base[at["globals.last_prefill_tokens"]] = self.log_tokens(env.last_prefill_tokens)
-        base[at["globals.last_decode_tokens"]] = self.log_tokens(env.last_decode_tokens)
-        b = env.last_budget
+        base[at["globals.last_prefill_tokens"]] = self.log_tokens(last.prefill_tokens)
+        base[at["globals.last_decode_tokens"]] = self.log_tokens(last.decode_tokens)
+        b = last.budget
         base[at["globals.budget"]] = 2.0 if b is None else self.log_tokens(b)
-        base[at["globals.stall"]] = self.log_time(now - min(env.stalled.values())) if env.stalled else 0.0
+        stalled = last.stalled
+        base[at["globals.stall"]] = self.log_time(now - min(stalled.values())) if stalled else 0.0
         # budgets: sorted by the prefill room they leave after the decodes
         if self.budgets and self.timed:
             self.bt_want = -1

@@ -48,12 +48,13 @@ def render_ansi(env: LLMSchedEnv) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_rgb(env: LLMSchedEnv) -> np.ndarray:
-    """A ``HEIGHT x WIDTH x 3`` uint8 picture: KV usage (green, top) and queue length (blue,
+def render_rgb(history: list[tuple[float, float, int]]) -> np.ndarray:
+    """A ``HEIGHT x WIDTH x 3`` uint8 picture of ``history`` (``(clock, KV used / capacity, queue
+    length)`` at every decision, the env driver's): KV usage (green, top) and queue length (blue,
     bottom, log scale) at the last ``WIDTH`` decisions, oldest on the left; a red line marks the
     KV capacity."""
     img = np.full((HEIGHT, WIDTH, 3), 255, np.uint8)
-    hist = env._history[-WIDTH:]
+    hist = history[-WIDTH:]
     half = HEIGHT // 2
     img[half - 1, :] = (200, 200, 200)
     top = half - 8  # rows for KV in [0, 1], the rest shows overflow up to ~1.15
