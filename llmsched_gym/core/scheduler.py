@@ -77,6 +77,13 @@ class EngineView:
     Per-request arrays are indexed by request id and cover the whole workload; only ids in
     ``waiting`` and ``running`` are live. Do not mutate anything reached through the view.
 
+    It holds what the policies read (every entry below is read by at least one of ``baselines/``)
+    and is how the env's policy-side code reads the engine too: the batch a launch forms
+    (:meth:`~llmsched_gym.env.driver.Driver.form`), the expert translation
+    (:mod:`~llmsched_gym.env.experts`) and the action modes. The parts of the env that own and
+    drive the engine (its driver's loop, the decision point, the observation builder) read the
+    engine itself: its counters, block-level KV and, under ``blind``, the workload the view guards.
+
     ========================  =========================================================
     ``now``                   clock (seconds; rounds in round mode)
     ``iteration``             number of iterations executed so far
@@ -86,7 +93,6 @@ class EngineView:
     ``state``                 per request: 0 pending, 1 waiting, 2 running, 3 done,
                               4 rejected
     ``n_in_prefill``          running requests whose prefill is unfinished (chunked)
-    ``waiting_tokens``        prompt tokens the waiting requests still have to prefill
     ``information``           the task's information model (``clairvoyant``,
                               ``predicted`` or ``blind``, see
                               :mod:`llmsched_gym.core.information`)
@@ -158,10 +164,6 @@ class EngineView:
     @property
     def n_in_prefill(self) -> int:
         return self._e.n_in_prefill
-
-    @property
-    def waiting_tokens(self) -> int:
-        return self._e.waiting_tokens
 
     @property
     def running(self) -> list[int]:

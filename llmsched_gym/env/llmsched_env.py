@@ -473,18 +473,13 @@ class LLMSchedEnv(gym.Env):
         from llmsched_gym.env.render import render_ansi, render_rgb
 
         if self.render_mode == "ansi":
-            return render_ansi(self)
+            return render_ansi(self.engine, self.dp, not self._ended)
         if self.render_mode == "rgb_array":
             return render_rgb(self.driver.history)
         return None
 
     # ------------------------------------------------------------------------------------------
     # what the other parts read
-    @property
-    def last_budget(self) -> int | None:
-        """The token budget of the last launch (``select``), or the fixed ``budget``."""
-        return self.driver.recent.budget
-
     def _refresh_request(self, rid: int) -> None:
         """A preempted request's tables (the engine's ``on_preempt`` hook, through the adapter)."""
         self.dp.refresh(rid)

@@ -7,21 +7,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from llmsched_gym.env.llmsched_env import LLMSchedEnv
+    from llmsched_gym.core.engine import Engine
+    from llmsched_gym.env.decision import DecisionPoint
 
 BAR = 40
 HEIGHT, WIDTH = 96, 256
 SHOWN = 8
 
 
-def render_ansi(env: LLMSchedEnv) -> str:
-    """Clock, KV bar, the batch being formed, the first slots and the running requests."""
-    e = env.engine
+def render_ansi(e: Engine | None, dp: DecisionPoint, forming: bool) -> str:
+    """Clock, KV bar, the batch being formed (``forming``: the episode goes on), the first slots
+    and the running requests of engine ``e`` and decision point ``dp``."""
     if e is None:
         return "LLMSched-v1: call reset() first\n"
     cap = e.kv.capacity_tokens
     used = e.kv.used_tokens
-    reserved = env.dp.sel_blocks * e.kv.block_size if not env._ended else 0
+    reserved = dp.sel_blocks * e.kv.block_size if forming else 0
     n_used = min(BAR, round(BAR * used / cap))
     n_res = min(BAR - n_used, round(BAR * reserved / cap))
     bar = "#" * n_used + "+" * n_res + "." * (BAR - n_used - n_res)
@@ -30,17 +31,17 @@ def render_ansi(env: LLMSchedEnv) -> str:
         f"  waiting {len(e.waiting)}  running {len(e.running)}",
         f"KV [{bar}] {used}/{cap} tokens ({used / cap:.0%})" + (f", +{reserved} chosen" if reserved else ""),
     ]
-    if env.dp.sel:
-        lines.append(f"batch being formed: {env.dp.sel[:SHOWN]}" + (" ..." if len(env.dp.sel) > SHOWN else ""))
+    if dp.sel:
+        lines.append(f"batch being formed: {dp.sel[:SHOWN]}" + (" ..." if len(dp.sel) > SHOWN else ""))
     lines.append("slot  request  prompt  pred_out  age_s   ok")
     wl = e.workload
-    for s, rid in enumerate(env.dp.slots[:SHOWN]):
+    for s, rid in enumerate(dp.slots[:SHOWN]):
         lines.append(
-            f"{s:>4}  {rid:>7}  {int(env.dp.target[rid]):>6}  {int(wl.predicted_output[rid]):>8}"
-            f"  {e.clock - wl.arrival_s[rid]:>5.2f}  {'yes' if env.dp.ok[s] else 'no'}"
+            f"{s:>4}  {rid:>7}  {int(dp.target[rid]):>6}  {int(wl.predicted_output[rid]):>8}"
+            f"  {e.clock - wl.arrival_s[rid]:>5.2f}  {'yes' if dp.ok[s] else 'no'}"
         )
-    if len(env.dp.slots) > SHOWN:
-        lines.append(f"      ... {len(env.dp.slots) - SHOWN} more slots, {len(e.waiting)} waiting in all")
+    if len(dp.slots) > SHOWN:
+        lines.append(f"      ... {len(dp.slots) - SHOWN} more slots, {len(e.waiting)} waiting in all")
     run = e.running[:SHOWN]
     if run:
         desc = ", ".join(f"{r}({int(e.generated[r])}/{int(wl.predicted_output[r])})" for r in run)
