@@ -17,36 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from agents.envs import make_env  # noqa: F401  (a documented import: from agents.agent import make_env)
 from agents.storage import (
     MAX_JSON_BYTES,
     RLLIB_FORMAT,
     AgentFileError,
+    algo_class,
     build_model,
+    is_maskable,
     read_agent_file,
     restore_vecnormalize,
 )
-
-ENV_ID = "llmsched_gym:LLMSched-v1"
-
-
-def make_env(scenario: str, env_kwargs: dict[str, Any], overrides: dict[str, Any] | None = None,
-             max_episode_steps: int | None = None):
-    """``gymnasium.make`` of ``LLMSched-v1`` with the scenario, its ``--set`` overrides and the
-    env settings; ``max_episode_steps=None`` keeps the env's own default."""
-    import gymnasium as gym
-
-    kw = dict(env_kwargs)
-    if overrides:
-        kw["overrides"] = {**kw.get("overrides", {}), **overrides}
-    if max_episode_steps is not None:
-        kw["max_episode_steps"] = max_episode_steps
-    return gym.make(ENV_ID, scenario=scenario, **kw)
-
-
-def is_maskable(model: Any) -> bool:
-    from sb3_contrib import MaskablePPO
-
-    return isinstance(model, MaskablePPO)
 
 
 @dataclass
@@ -166,12 +147,26 @@ def _check_agent_settings(agent: Agent, stem: Path) -> None:
 
 
 def _rllib(run_dir: Path, trust_model: bool) -> Agent:
-    """An RLlib run folder's agent (:mod:`agents.rllib`, which needs the ``rllib`` extra)."""
+    """An RLlib run folder's agent: its policy from :func:`agents.rllib.load_module` (which needs the
+    ``rllib`` extra), labelled from its ``run.json``."""
     try:
-        from agents.rllib import load_rllib_agent
+        from agents.rllib import load_module
     except ImportError:
         raise AgentFileError(f'model: {run_dir} is an RLlib run; install the extra: pip install -e ".[rllib]"') from None
-    return load_rllib_agent(run_dir, trust_model)
+    meta = read_run_json(run_dir)
+    return RLlibAgent(describe_run(meta, run_dir.name), load_module(run_dir, trust_model), None,
+                      meta.get("env_kwargs", {}), meta.get("scenario"), meta.get("overrides", {}))
+
+
+class RLlibAgent(Agent):
+    """An RLlib policy (:class:`agents.rllib.RLlibPolicy`) behind the :class:`Agent` interface:
+    always masked, deterministic."""
+
+    def uses_mask(self) -> bool:
+        return True
+
+    def act(self, obs: Any, mask: np.ndarray | None, deterministic: bool = True) -> Any:
+        return self.model.act(obs, mask)
 
 
 def read_run_json(run_dir: Path) -> dict[str, Any]:
@@ -249,21 +244,6 @@ def vecnormalize_path(model_path: Path) -> Path:
     if m:
         return model_path.with_name(f"{m.group(1)}_vecnormalize_{m.group(2)}_steps.pkl")
     return model_path.with_name(model_path.stem.replace("model", "vecnormalize") + ".pkl")
-
-
-def algo_class(algo: str) -> Any:
-    from sb3_contrib import MaskablePPO
-    from stable_baselines3 import PPO
-
-    classes = {"maskable-ppo": MaskablePPO, "ppo": PPO}
-    if algo not in classes:
-        raise AgentFileError(f"algo: {algo!r} is not one of {', '.join(classes)}")
-    return classes[algo]
-
-
-def algo_name(model: Any) -> str:
-    """``maskable-ppo`` or ``ppo``: the name :func:`algo_class` takes."""
-    return "maskable-ppo" if is_maskable(model) else "ppo"
 
 
 def run_episode(agent: Agent, env: Any, seed: int, deterministic: bool = True

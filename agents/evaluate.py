@@ -18,7 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agents.agent import Agent, load_agent, make_env, run_episode
+from agents.agent import Agent, load_agent, run_episode
+from agents.envs import make_env
 from agents.report import (
     RunRecord,
     aggregate,

@@ -38,7 +38,6 @@ from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPP
 from ray.rllib.core.columns import Columns
 from ray.rllib.utils.torch_utils import FLOAT_MIN
 
-from agents.agent import Agent, describe_run
 from agents.storage import RLLIB_FORMAT, AgentFileError, build_space, describe_space
 
 ENV_NAME = "LLMSched-v1-masked"
@@ -63,7 +62,7 @@ class MaskedObservation(gym.ObservationWrapper):
 
 def make_masked_env(config: dict[str, Any]) -> gym.Env:
     """RLlib's env creator: ``config`` holds ``scenario``, ``env_kwargs`` and ``overrides``."""
-    from agents.agent import make_env
+    from agents.envs import make_env
 
     env_kwargs = {**config.get("env_kwargs", {}), "flat": True, "action_mode": "select"}
     return MaskedObservation(make_env(config["scenario"], env_kwargs, config.get("overrides") or None))
@@ -338,23 +337,3 @@ def load_module(run_dir: Path, trust_model: bool = False) -> RLlibPolicy:
 
     print(f"warning: --trust-model: loading {path} with pickle, which can run any code the file holds", file=sys.stderr)
     return RLlibPolicy(RLModule.from_checkpoint(str(path.resolve())))
-
-
-def load_rllib_agent(run_dir: Path, trust_model: bool = False) -> Agent:
-    """The agent of an RLlib run folder, for ``llmsched evaluate`` (:func:`agents.agent.load_agent`)."""
-    from agents.agent import read_run_json
-
-    run_dir = Path(run_dir)
-    meta = read_run_json(run_dir)
-    return RLlibAgent(describe_run(meta, run_dir.name), load_module(run_dir, trust_model), None,
-                      meta.get("env_kwargs", {}), meta.get("scenario"), meta.get("overrides", {}))
-
-
-class RLlibAgent(Agent):
-    """An RLlib policy behind the :class:`~agents.agent.Agent` interface: always masked, deterministic."""
-
-    def uses_mask(self) -> bool:
-        return True
-
-    def act(self, obs: Any, mask: np.ndarray | None, deterministic: bool = True) -> Any:
-        return self.model.act(obs, mask)

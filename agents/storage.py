@@ -195,8 +195,6 @@ def save_agent(stem: str | Path, model: Any, vecnorm: Any = None, extra: dict[st
     """
     from safetensors.torch import save_file
 
-    from agents.agent import algo_name
-
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"policy.{k}": v.detach().cpu().clone().contiguous() for k, v in model.policy.state_dict().items()}
@@ -289,7 +287,6 @@ def build_model(meta: dict[str, Any], tensors: dict[str, Any], env: Any = None, 
     import torch
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from agents.agent import algo_class
     from llmsched_gym.config import HYPERPARAMS as SCHEMA
     from llmsched_gym.config import ConfigError, check_network_sizes
 
@@ -347,3 +344,26 @@ def build_model(meta: dict[str, Any], tensors: dict[str, Any], env: Any = None, 
     model.num_timesteps = int(meta.get("num_timesteps", 0))
     model._n_updates = int(meta.get("n_updates", 0))
     return model
+
+
+def is_maskable(model: Any) -> bool:
+    """Whether ``model`` is sb3-contrib's MaskablePPO (its ``predict`` takes the action masks)."""
+    from sb3_contrib import MaskablePPO
+
+    return isinstance(model, MaskablePPO)
+
+
+def algo_class(algo: str) -> Any:
+    """The SB3 class of an algorithm name (``maskable-ppo``, ``ppo``); an AgentFileError otherwise."""
+    from sb3_contrib import MaskablePPO
+    from stable_baselines3 import PPO
+
+    classes = {"maskable-ppo": MaskablePPO, "ppo": PPO}
+    if algo not in classes:
+        raise AgentFileError(f"algo: {algo!r} is not one of {', '.join(classes)}")
+    return classes[algo]
+
+
+def algo_name(model: Any) -> str:
+    """``maskable-ppo`` or ``ppo``: the name :func:`algo_class` takes."""
+    return "maskable-ppo" if is_maskable(model) else "ppo"

@@ -29,8 +29,17 @@ from typing import Any
 
 import numpy as np
 
-from agents.agent import Agent, algo_class, load_agent, make_env, run_episode
-from agents.storage import AgentFileError, build_model, read_agent_file, restore_vecnormalize, save_agent
+from agents.agent import Agent, load_agent, run_episode
+from agents.envs import make_env
+from agents.storage import (
+    AgentFileError,
+    algo_class,
+    build_model,
+    is_maskable,
+    read_agent_file,
+    restore_vecnormalize,
+    save_agent,
+)
 from llmsched_gym.config import (
     BEHAVIOUR_CLONING,
     HYPERPARAMS,
@@ -366,8 +375,6 @@ def behaviour_clone(model: Any, vecnorm: Any, obs: dict[str, np.ndarray], masks:
     """Pre-train the policy by cross-entropy on the masked action distribution
     (``get_distribution(obs, action_masks).log_prob``); returns the final loss and accuracy."""
     import torch
-
-    from agents.agent import is_maskable
 
     for key in vecnorm.norm_obs_keys or []:
         vecnorm.obs_rms[key].update(obs[key])

@@ -237,7 +237,8 @@ def policy_cell(args: tuple) -> tuple[float, bool]:
 def agent_cell(args: tuple) -> tuple[float, bool, str]:
     """One sweep cell: ``(task, agent path, best, seed, overrides)`` -> (metric, completed, agent name);
     masked, deterministic actions. ``best`` is ``"start"`` for the run's untrained start."""
-    from agents.agent import make_env, run_episode
+    from agents.agent import run_episode
+    from agents.envs import make_env
     from agents.evaluate import cached_agent
 
     task, path, best, seed, overrides = args

@@ -1,5 +1,6 @@
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -11,6 +12,32 @@ settings.register_profile("dev", max_examples=50, deadline=None, suppress_health
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+SCENARIOS = ("azure-conv", "jaillet-high", "jaillet-low", "jaillet-noisy", "vtc-arena", "wait-high", "nested-synth4",
+             "klpm-toy", "echo-hybrid")
+"""The built-in scenarios."""
+ORACLE = {"workload.predictor": {"type": "oracle"}}
+"""A clairvoyant task: every registered policy (vtc-oracle, which reads the true lengths, too) runs."""
+
+
+def small_cut(scenario: str, n: int | None, offline: int | None = None,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Overrides that cut ``scenario`` short for a test: ``workload.n_requests = n`` (nothing for
+    klpm-toy, a fixed toy instance, or for ``n=None``); echo-hybrid's offline class, counted apart,
+    to ``offline`` requests; ``extra`` overrides on top."""
+    out: dict[str, Any] = {} if scenario == "klpm-toy" or n is None else {"workload.n_requests": n}
+    if scenario == "echo-hybrid" and offline is not None:
+        out["workload.classes.offline.n_requests"] = offline
+    return {**out, **(extra or {})}
+
+
+def small_cuts(n: int | None, scenarios: tuple[str, ...] = SCENARIOS, offline: int | None = None,
+               sizes: dict[str, int | None] | None = None,
+               extra: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """:func:`small_cut` of each scenario, in order: ``n`` requests, or ``sizes[scenario]`` where
+    given; ``extra[scenario]`` overrides on top."""
+    sizes, extra = sizes or {}, extra or {}
+    return {sc: small_cut(sc, sizes.get(sc, n), offline, extra.get(sc)) for sc in scenarios}
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import math
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import small_cuts
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,17 +19,7 @@ from llmsched_gym.env.llmsched_env import LLMSchedEnv
 from llmsched_gym.env.observation import GLOBAL_FEATURES, QUEUE_FEATURES, RUNNING_FEATURES, R
 from llmsched_gym.sim import make_policy, simulate
 
-SMALL = {
-    "azure-conv": {"workload.n_requests": 60},
-    "jaillet-high": {"workload.n_requests": 80},
-    "jaillet-low": {"workload.n_requests": 80},
-    "jaillet-noisy": {"workload.n_requests": 80},
-    "vtc-arena": {"workload.n_requests": 60},
-    "wait-high": {"workload.n_requests": 80},
-    "nested-synth4": {"workload.n_requests": 80},
-    "klpm-toy": {},
-    "echo-hybrid": {"workload.n_requests": 20, "workload.classes.offline.n_requests": 10},
-}
+SMALL = small_cuts(80, offline=10, sizes={"azure-conv": 60, "vtc-arena": 60, "echo-hybrid": 20})
 
 
 def tiny(prompt, output, capacity, arrival=None, emits=False, overflow="forbid"):

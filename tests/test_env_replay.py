@@ -12,21 +12,18 @@ import math
 
 import numpy as np
 import pytest
+from conftest import ORACLE, small_cuts
 
 import baselines
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
 from llmsched_gym.env.settings import default_candidates
 from llmsched_gym.sim import make_policy, simulate
 
-SIZES = {  # azure-conv clairvoyant: every registered policy (vtc-oracle too) can be a candidate
-    "azure-conv": {"workload.n_requests": 300, "workload.predictor": {"type": "oracle"}},
-    "jaillet-high": {"workload.n_requests": 150},
-    "vtc-arena": {"workload.n_requests": 200},
-    "klpm-toy": {},
-    "wait-high": {"workload.n_requests": 120},
-    "nested-synth4": {"workload.n_requests": 120},
-    "echo-hybrid": {"workload.n_requests": 30, "workload.classes.offline.n_requests": 30},
-}
+# azure-conv clairvoyant: every registered policy (vtc-oracle too) can be a candidate
+SIZES = small_cuts(120, ("azure-conv", "jaillet-high", "vtc-arena", "klpm-toy", "wait-high", "nested-synth4",
+                         "echo-hybrid"), offline=30,
+                   sizes={"azure-conv": 300, "jaillet-high": 150, "vtc-arena": 200, "echo-hybrid": 30},
+                   extra={"azure-conv": ORACLE})
 # each policy's own paper scenario
 PAPER = {
     "mcsf": "jaillet-high", "alpha-beta": "jaillet-high", "alpha-greedy": "jaillet-high", "semi-online": "jaillet-high",

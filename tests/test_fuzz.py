@@ -28,6 +28,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import small_cuts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,11 +39,7 @@ from llmsched_gym.core.scheduler import PlanError
 from llmsched_gym.core.traces import TraceError
 from llmsched_gym.sim import simulate
 
-SCENARIOS = {  # scenario -> overrides that keep a run small whatever is drawn
-    "azure-conv": {}, "jaillet-high": {}, "jaillet-low": {}, "jaillet-noisy": {}, "vtc-arena": {},
-    "wait-high": {}, "nested-synth4": {}, "klpm-toy": {},
-    "echo-hybrid": {"workload.classes.offline.n_requests": 100},
-}
+SCENARIOS = small_cuts(None, offline=100)  # scenario -> overrides that keep a run small whatever is drawn
 EXAMPLES = int(os.environ.get("LLMSCHED_FUZZ_EXAMPLES", "40"))
 
 

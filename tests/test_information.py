@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import small_cuts
 
 import baselines
 from baselines import NotApplicable, PolicyError, applicable, make_policy
@@ -222,14 +223,10 @@ def test_building_a_run_that_is_not_applicable_raises_one_line():
         simulate("azure-conv", "vtc-oracle", overrides={"workload.n_requests": 20})
 
 
-SHORT = {  # scenario -> a short cut
-    "azure-conv": {"workload.n_requests": 60, "engine.kv_capacity_tokens": 12000},
-    "vtc-arena": {"workload.n_requests": 60},
-    "wait-high": {"workload.n_requests": 60},
-    "jaillet-high": {"workload.n_requests": 60},
-    "nested-synth4": {"workload.n_requests": 60},
-    "echo-hybrid": {"workload.classes.offline.n_requests": 20, "workload.horizon_s": 4.0, "engine.horizon_s": 4.0},
-}
+SHORT = small_cuts(60, ("azure-conv", "vtc-arena", "wait-high", "jaillet-high", "nested-synth4", "echo-hybrid"),
+                   offline=20, sizes={"echo-hybrid": None},
+                   extra={"azure-conv": {"engine.kv_capacity_tokens": 12000},
+                          "echo-hybrid": {"workload.horizon_s": 4.0, "engine.horizon_s": 4.0}})
 PAPER = {"wait": "wait-high", "nested-wait": "nested-synth4", "fcfs-greedy-lifo": "wait-high",
          "mcsf": "jaillet-high", "semi-online": "jaillet-high", "alpha-beta": "jaillet-high",
          "alpha-greedy": "jaillet-high"}

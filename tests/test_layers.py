@@ -22,8 +22,6 @@ ALLOWED_IN_FOLDER = {
     # h1: core/engine.py <-> metrics.py <-> fairness.py ..., core/latency.py <-> core/profile.py
     # (config.py no longer builds an EngineConfig, so these circles stay inside core/)
     "llmsched_gym/core",
-    # h4 (this branch, next step): agents/agent.py <-> agents/rllib.py / agents/storage.py
-    "agents",
 }
 # upward edges tolerated for now: none (config.py no longer imports core/engine.py)
 ALLOWED_UP: set[tuple[str, str]] = set()

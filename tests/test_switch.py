@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import ORACLE, small_cuts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,16 +33,8 @@ from llmsched_gym.sim import make_engine, simulate
 
 # azure-conv is run clairvoyant here, so that every registered policy (vtc-oracle, which reads the
 # true lengths, too) can be a candidate; tests/test_information.py covers the predicted task
-ORACLE = {"workload.predictor": {"type": "oracle"}}
-SMALL = {
-    "azure-conv": {"workload.n_requests": 60, **ORACLE},
-    "jaillet-high": {"workload.n_requests": 60},
-    "vtc-arena": {"workload.n_requests": 60},
-    "klpm-toy": {},
-    "wait-high": {"workload.n_requests": 60},
-    "nested-synth4": {"workload.n_requests": 60},
-    "echo-hybrid": {"workload.n_requests": 20, "workload.classes.offline.n_requests": 10},
-}
+SMALL = small_cuts(60, ("azure-conv", "jaillet-high", "vtc-arena", "klpm-toy", "wait-high", "nested-synth4",
+                        "echo-hybrid"), offline=10, sizes={"echo-hybrid": 20}, extra={"azure-conv": ORACLE})
 # small KV so that requests queue, preempt and chunk
 TIGHT = {
     "azure-conv": {"workload.n_requests": 120, "engine.kv_capacity_tokens": 16000, **ORACLE},
