@@ -338,6 +338,83 @@ def _line_policies(per: dict, agents: set[str]) -> list[str]:
     return sorted(agents & set(per)) + base[:LINE_PLOT_BASELINES]
 
 
+def _tagged(per: dict, p: str) -> str:
+    """A policy's label in the plots: incomplete runs are marked (their latencies cover the served
+    requests only)."""
+    return p + (" † incomplete" if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC else "")
+
+
+def _plot_cdfs(plt: Any, recs: list[RunRecord], per: dict, lines: list[str], colors: dict[str, Any],
+               agents: set[str], load: float, shown: str, path: Path) -> Path:
+    """E2E and TTFT latency CDFs over all seeds of the line policies (agents drawn thick)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, attr, title in ((axes[0], "e2e_s", "E2E latency"), (axes[1], "ttft_s", "TTFT")):
+        for p in lines:
+            x = np.sort(np.concatenate([getattr(r, attr) for r in recs if r.policy == p]))
+            if len(x):
+                ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=_tagged(per, p), color=colors[p],
+                        lw=2.4 if p in agents else 1.2, ls="-" if p in agents else "--")
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("CDF")
+        ax.set_title(f"{title} (all seeds, load x{load:g})", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(f"latency CDFs{shown}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_kv(plt: Any, recs: list[RunRecord], per: dict, lines: list[str], colors: dict[str, Any],
+             agents: set[str], load: float, shown: str, path: Path) -> Path:
+    """KV usage over time on the first seed, one line per line policy."""
+    fig, ax = plt.subplots(figsize=(11, 4))
+    first_seed = min(r.seed for r in recs)
+    for p in lines:
+        r = next((r for r in recs if r.policy == p and r.seed == first_seed), None)
+        if r is not None and len(r.t_s):
+            ax.plot(r.t_s, r.kv_frac, label=_tagged(per, p), color=colors[p], lw=1.6 if p in agents else 0.8)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("KV used / capacity")
+    ax.set_title(f"KV usage over time (seed {first_seed}, load x{load:g}{shown})", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _plot_bars(plt: Any, per: dict, pols: list[str], colors: dict[str, Any], agents: set[str], load: float,
+               cols: list[tuple[str, str]], path: Path) -> Path:
+    """One bar chart per metric: every policy's mean with its 95% CI (incomplete runs hatched)."""
+    ncol = 3
+    nrow = -(-len(cols) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
+    for ax, (key, label) in zip(axes.flat, cols, strict=False):
+        means = np.array([per[p][key]["mean"] for p in pols])
+        errs = np.nan_to_num(np.array([per[p][key]["ci95"] for p in pols]))
+        # every metric here is non-negative: the lower error bar stops at 0
+        yerr = np.vstack((np.minimum(errs, np.nan_to_num(np.maximum(means, 0.0))), errs))
+        bars = ax.bar(range(len(pols)), means, yerr=yerr, color=[colors[p] for p in pols], capsize=2,
+                      edgecolor=["k" if p in agents else "none" for p in pols])
+        for b, p in zip(bars, pols, strict=True):
+            if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC:
+                b.set_hatch("//")
+        ax.set_xticks(range(len(pols)))
+        ax.set_xticklabels([_tagged(per, p) for p in pols], rotation=60, ha="right", fontsize=7)
+        ax.set_title(label, fontsize=9)
+    for ax in list(axes.flat)[len(cols):]:
+        ax.axis("off")
+    fig.suptitle(f"means with 95% CI (load x{load:g})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ()) -> list[Path]:
     """Latency CDFs and KV usage over time (first seed) for the agents and the best baselines, and
     a bar chart per metric for every policy, per load level."""
@@ -353,11 +430,6 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
     everyone = sorted({r.policy for r in records}, key=lambda p: (p not in agents, p))
     palette = list(plt.get_cmap("tab20").colors) + list(plt.get_cmap("tab20b").colors)
     color_of = {p: palette[i % len(palette)] for i, p in enumerate(everyone)}
-
-    def tagged(per: dict, p: str) -> str:
-        """Incomplete runs are marked in the plots too (their latencies cover the served requests)."""
-        return p + (" † incomplete" if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC else "")
-
     for load in sorted(agg):
         recs = [r for r in records if r.load == load]
         per = agg[load]
@@ -366,66 +438,10 @@ def write_plots(records: list[RunRecord], out: Path, agents: Iterable[str] = ())
         shown = "" if len(lines) == len(pols) else f"; agents and the {LINE_PLOT_BASELINES} best baselines"
         colors = {p: color_of[p] for p in pols}
         tag = f"load{load:g}".replace(".", "p")
-
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-        for ax, attr, title in ((axes[0], "e2e_s", "E2E latency"), (axes[1], "ttft_s", "TTFT")):
-            for p in lines:
-                x = np.sort(np.concatenate([getattr(r, attr) for r in recs if r.policy == p]))
-                if len(x):
-                    ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=tagged(per, p), color=colors[p],
-                            lw=2.4 if p in agents else 1.2, ls="-" if p in agents else "--")
-            ax.set_xscale("symlog", linthresh=0.1)
-            ax.set_xlabel("seconds")
-            ax.set_ylabel("CDF")
-            ax.set_title(f"{title} (all seeds, load x{load:g})", fontsize=10)
-            ax.grid(alpha=0.3)
-        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-        fig.suptitle(f"latency CDFs{shown}", fontsize=10)
-        fig.tight_layout()
-        paths.append(out / f"cdf_{tag}.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-
-        fig, ax = plt.subplots(figsize=(11, 4))
-        first_seed = min(r.seed for r in recs)
-        for p in lines:
-            r = next((r for r in recs if r.policy == p and r.seed == first_seed), None)
-            if r is not None and len(r.t_s):
-                ax.plot(r.t_s, r.kv_frac, label=tagged(per, p), color=colors[p], lw=1.6 if p in agents else 0.8)
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel("KV used / capacity")
-        ax.set_title(f"KV usage over time (seed {first_seed}, load x{load:g}{shown})", fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        paths.append(out / f"kv_{tag}.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
-
-        cols = visible_metrics({load: agg[load]})
-        ncol = 3
-        nrow = -(-len(cols) // ncol)
-        fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
-        for ax, (key, label) in zip(axes.flat, cols, strict=False):
-            means = np.array([per[p][key]["mean"] for p in pols])
-            errs = np.nan_to_num(np.array([per[p][key]["ci95"] for p in pols]))
-            # every metric here is non-negative: the lower error bar stops at 0
-            yerr = np.vstack((np.minimum(errs, np.nan_to_num(np.maximum(means, 0.0))), errs))
-            bars = ax.bar(range(len(pols)), means, yerr=yerr, color=[colors[p] for p in pols], capsize=2,
-                          edgecolor=["k" if p in agents else "none" for p in pols])
-            for b, p in zip(bars, pols, strict=True):
-                if per[p]["completed_frac"]["mean"] < COMPLETE_FRAC:
-                    b.set_hatch("//")
-            ax.set_xticks(range(len(pols)))
-            ax.set_xticklabels([tagged(per, p) for p in pols], rotation=60, ha="right", fontsize=7)
-            ax.set_title(label, fontsize=9)
-        for ax in list(axes.flat)[len(cols):]:
-            ax.axis("off")
-        fig.suptitle(f"means with 95% CI (load x{load:g})")
-        fig.tight_layout()
-        paths.append(out / f"bars_{tag}.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        paths.append(_plot_cdfs(plt, recs, per, lines, colors, agents, load, shown, out / f"cdf_{tag}.png"))
+        paths.append(_plot_kv(plt, recs, per, lines, colors, agents, load, shown, out / f"kv_{tag}.png"))
+        paths.append(_plot_bars(plt, per, pols, colors, agents, load, visible_metrics({load: agg[load]}),
+                                out / f"bars_{tag}.png"))
     return paths
 
 

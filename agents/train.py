@@ -23,6 +23,7 @@ import copy
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -416,44 +417,25 @@ def validation_baselines(scenario: str, overrides: dict[str, Any]) -> dict[str, 
     return {r.policy: r.summary for r in records}
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
-    """Train (or resume) an agent; returns the contents of ``run.json``."""
-    import torch
-    from stable_baselines3.common.callbacks import CallbackList
-    from stable_baselines3.common.vec_env import VecNormalize
-
-    from agents.callbacks import (
-        BaselineScoreCallback,
-        Checkpoints,
-        RichProgressCallback,
-        SummaryScalarsCallback,
-        WallClockLimit,
-    )
-    from agents.features import QueueSetExtractor
-
-    t0 = time.perf_counter()
-    torch.set_num_threads(max(1, cfg.torch_threads))
-    hp = resolve(cfg)
-    algo = hp["algo"]
-    env_kwargs = hp["env_kwargs"]
-    chosen = recipe(cfg, hp)
-    print(recipe_line(chosen), flush=True)
-    # OUT/NAME with links followed must stay inside OUT (a default name is made safe, a given one checked)
+def _run_dir(cfg: TrainConfig, env_kwargs: dict[str, Any]) -> tuple[str, Path]:
+    """The run's name and folder ``OUT/NAME`` (with ``checkpoints/``); with links followed it must
+    stay inside OUT (a default name is made safe, a given one checked)."""
     name = cfg.name or safe_run_name(f"{cfg.scenario}-{env_kwargs.get('action_mode', 'select')}-s{cfg.seed}")
     run_dir = run_folder(cfg.out, name, "--name")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    if cfg.vec not in VEC_KINDS:
-        raise ConfigError(f"vec: {cfg.vec!r} is not one of {', '.join(VEC_KINDS)}")
+    return name, run_dir
 
-    # 2. envs: training workloads from seed TRAIN_SEED_BASE + 1000 * seed on
-    n_envs = int(hp.get("n_envs", 1))
-    base = TRAIN_SEED_BASE + 1000 * cfg.seed
-    venv = training_venv(cfg.vec, cfg.scenario, env_kwargs, n_envs, base)
+
+def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path) -> tuple[Any, Any]:
+    """``(model, venv)``: a new model on ``venv`` wrapped in ``VecNormalize``, or the one
+    ``cfg.resume`` names with its normalisation statistics."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from agents.features import QueueSetExtractor
+
     norm_kw = dict(hp.get("normalize") or {})
     gamma = float(hp.get("gamma", 0.99))
-
-    # 3. the model (new, or resumed with its normalisation statistics)
-    cls = algo_class(algo)
+    cls = algo_class(hp["algo"])
     ppo_kw = {k: schedule(hp[k]) for k in PPO_KEYS if k in hp}
     if cfg.resume:
         rp = Path(cfg.resume)
@@ -465,67 +447,60 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             model = old.model
             model.set_env(venv)
             model.tensorboard_log = str(run_dir / "tb")
-        else:
-            stem = rp / "model" if rp.is_dir() else rp.with_suffix("")
-            if not stem.with_suffix(".json").exists():
-                raise AgentFileError(f"resume: {stem.with_suffix('.json')} does not exist")
-            saved, tensors = read_agent_file(stem)
-            stats = saved.get("vecnormalize")
-            venv = (restore_vecnormalize(stats, venv, training=True) if stats
-                    else VecNormalize(venv, gamma=gamma, **norm_kw))
-            model = build_model(saved, tensors, env=venv, hyperparams=ppo_kw, tensorboard_log=str(run_dir / "tb"))
-    else:
-        venv = VecNormalize(venv, gamma=gamma, **norm_kw)
-        pk = dict(hp.get("policy_kwargs") or {})
-        policy_kwargs = {
-            "features_extractor_class": QueueSetExtractor,
-            "features_extractor_kwargs": {k: tuple(pk.pop(k)) if isinstance(pk.get(k), list) else pk.pop(k)
-                                          for k in ("slot_hidden", "context_hidden", "slot_out") if k in pk},
-            **pk,
-        }
-        model = cls(hp.get("policy", "MultiInputPolicy"), venv, seed=cfg.seed, device="cpu", verbose=0,
-                    tensorboard_log=str(run_dir / "tb"), policy_kwargs=policy_kwargs, **ppo_kw)
-        if "action_bias" in hp:
-            set_action_bias(model, hp["action_bias"])
-
-    # 4. imitation warm start
-    bc: dict[str, Any] = {}
-    bc_cfg = hp["bc"]
-    if bc_cfg["from"] and not cfg.resume:
-        t_bc = time.perf_counter()
-        obs, masks, acts, info = collect_demonstrations(cfg.scenario, env_kwargs, bc_cfg["from"], bc_cfg["episodes"],
-                                                        base + 500)
-        bc = {"policy": bc_cfg["from"], **info, **behaviour_clone(model, venv, obs, masks, acts, bc_cfg["epochs"],
-                                                                   seed=cfg.seed)}
-        bc["bc_seconds"] = time.perf_counter() - t_bc
-        if cfg.progress:
-            teacher = bc_cfg["from"] if isinstance(bc_cfg["from"], str) else bc_cfg["from"].get("name")
-            print(f"      behaviour cloning of {teacher}: {bc['bc_samples']} steps from {bc_cfg['episodes']} episodes, "
-                  f"{bc_cfg['epochs']} epochs, accuracy {bc['bc_accuracy']:.3f}, {bc['bc_seconds']:.0f}s", flush=True)
-
-    # settings and seeds first, so that checkpoints of an interrupted run can be evaluated
-    meta: dict[str, Any] = {
-        "name": name, "scenario": cfg.scenario, "algo": algo, "recipe": chosen, "config": asdict(cfg), "hyperparams": hp,
-        "env_kwargs": env_kwargs, "overrides": env_kwargs.get("overrides", {}),
-        "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
-                  "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
-        "n_envs": n_envs, "vec": cfg.vec, "bc": bc, "status": "training",
+            return model, venv
+        stem = rp / "model" if rp.is_dir() else rp.with_suffix("")
+        if not stem.with_suffix(".json").exists():
+            raise AgentFileError(f"resume: {stem.with_suffix('.json')} does not exist")
+        saved, tensors = read_agent_file(stem)
+        stats = saved.get("vecnormalize")
+        venv = (restore_vecnormalize(stats, venv, training=True) if stats
+                else VecNormalize(venv, gamma=gamma, **norm_kw))
+        return build_model(saved, tensors, env=venv, hyperparams=ppo_kw, tensorboard_log=str(run_dir / "tb")), venv
+    venv = VecNormalize(venv, gamma=gamma, **norm_kw)
+    pk = dict(hp.get("policy_kwargs") or {})
+    policy_kwargs = {
+        "features_extractor_class": QueueSetExtractor,
+        "features_extractor_kwargs": {k: tuple(pk.pop(k)) if isinstance(pk.get(k), list) else pk.pop(k)
+                                      for k in ("slot_hidden", "context_hidden", "slot_out") if k in pk},
+        **pk,
     }
-    (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
+    model = cls(hp.get("policy", "MultiInputPolicy"), venv, seed=cfg.seed, device="cpu", verbose=0,
+                tensorboard_log=str(run_dir / "tb"), policy_kwargs=policy_kwargs, **ppo_kw)
+    if "action_bias" in hp:
+        set_action_bias(model, hp["action_bias"])
+    return model, venv
 
-    # 5. callbacks and learning
-    val_over = dict(env_kwargs.get("overrides", {}))
-    if hp.get("validation_requests"):
-        val_over["workload.n_requests"] = int(hp["validation_requests"])
-    baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
-    val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
 
-    def evaluate(m: Any) -> dict:
-        return run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
+def _warm_start(cfg: TrainConfig, hp: dict[str, Any], model: Any, venv: Any, seed: int) -> dict[str, Any]:
+    """Behaviour cloning of the recipe's teacher (``bc.from``) on demonstrations from workload
+    seeds ``seed..``, before learning (not on a resumed run); what it did, for ``run.json``."""
+    bc_cfg = hp["bc"]
+    if not bc_cfg["from"] or cfg.resume:
+        return {}
+    t_bc = time.perf_counter()
+    obs, masks, acts, info = collect_demonstrations(cfg.scenario, hp["env_kwargs"], bc_cfg["from"],
+                                                    bc_cfg["episodes"], seed)
+    bc = {"policy": bc_cfg["from"], **info, **behaviour_clone(model, venv, obs, masks, acts, bc_cfg["epochs"],
+                                                               seed=cfg.seed)}
+    bc["bc_seconds"] = time.perf_counter() - t_bc
+    if cfg.progress:
+        teacher = bc_cfg["from"] if isinstance(bc_cfg["from"], str) else bc_cfg["from"].get("name")
+        print(f"      behaviour cloning of {teacher}: {bc['bc_samples']} steps from {bc_cfg['episodes']} episodes, "
+              f"{bc_cfg['epochs']} epochs, accuracy {bc['bc_accuracy']:.3f}, {bc['bc_seconds']:.0f}s", flush=True)
+    return bc
 
-    def save(stem: str) -> None:
-        save_agent(run_dir / stem, model, venv, {"scenario": cfg.scenario, "env_kwargs": env_kwargs,
-                                                 "overrides": env_kwargs.get("overrides", {})})
+
+def _callbacks(cfg: TrainConfig, bc: dict[str, Any], evaluate: Callable[[Any], dict], save: Callable[[str], None],
+               baselines: dict[str, Any], t0: float) -> tuple[list[Any], Any, Any, Any]:
+    """The callbacks of ``model.learn``: ``(all of them, the summary scalars, the validation
+    scores or None, the wall-clock limit or None)``."""
+    from agents.callbacks import (
+        BaselineScoreCallback,
+        Checkpoints,
+        RichProgressCallback,
+        SummaryScalarsCallback,
+        WallClockLimit,
+    )
 
     summaries = SummaryScalarsCallback(bc)
     callbacks: list[Any] = [summaries, Checkpoints(cfg.checkpoint_every, save)]
@@ -541,6 +516,73 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         callbacks.append(limit)
     if cfg.progress:
         callbacks.append(RichProgressCallback(score))
+    return callbacks, summaries, score, limit
+
+
+def _validation(baselines: dict[str, Any], final: dict[str, Any], score: Any) -> dict[str, Any]:
+    """``run.json``'s ``validation``: the baselines' and the final agent's scores on the validation
+    workload, and the best the agent reached relative to the best baseline."""
+    def brief(s: dict[str, Any]) -> dict[str, Any]:
+        return {"mean_e2el_ms": s["serving"]["mean_e2el_ms"], "p99_ttft_ms": s["serving"]["p99_ttft_ms"],
+                "completed": s["n_completed"], "arrived": s["n_arrived"]}
+
+    return {
+        "baselines": {k: brief(v) for k, v in baselines.items()},
+        "final_agent": brief(final) if final else {},
+        "best_rel_mean_e2el_vs_best": score.best_rel if score is not None else None,
+        "last_scores": score.last if score is not None else {},
+    }
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Train (or resume) an agent; returns the contents of ``run.json``.
+
+    The steps: resolve the hyperparameters (:func:`resolve`, :func:`recipe`); make the run folder;
+    the training envs (:func:`training_venv`, workloads from seed ``TRAIN_SEED_BASE + 1000 * seed``
+    on); the model (:func:`_model`: new or resumed); behaviour cloning (:func:`_warm_start`);
+    ``run.json`` with the settings and seeds, written first so that the checkpoints of an
+    interrupted run can be evaluated; the callbacks (scalars, checkpoints, validation scores
+    against the baselines, time limit, progress); ``model.learn``; the final files and scores.
+    """
+    import torch
+    from stable_baselines3.common.callbacks import CallbackList
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(max(1, cfg.torch_threads))
+    hp = resolve(cfg)
+    env_kwargs = hp["env_kwargs"]
+    chosen = recipe(cfg, hp)
+    print(recipe_line(chosen), flush=True)
+    name, run_dir = _run_dir(cfg, env_kwargs)
+    if cfg.vec not in VEC_KINDS:
+        raise ConfigError(f"vec: {cfg.vec!r} is not one of {', '.join(VEC_KINDS)}")
+    n_envs = int(hp.get("n_envs", 1))
+    base = TRAIN_SEED_BASE + 1000 * cfg.seed
+    model, venv = _model(cfg, hp, training_venv(cfg.vec, cfg.scenario, env_kwargs, n_envs, base), run_dir)
+    bc = _warm_start(cfg, hp, model, venv, base + 500)
+    meta: dict[str, Any] = {
+        "name": name, "scenario": cfg.scenario, "algo": hp["algo"], "recipe": chosen, "config": asdict(cfg),
+        "hyperparams": hp, "env_kwargs": env_kwargs, "overrides": env_kwargs.get("overrides", {}),
+        "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
+                  "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
+        "n_envs": n_envs, "vec": cfg.vec, "bc": bc, "status": "training",
+    }
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
+
+    val_over = dict(env_kwargs.get("overrides", {}))
+    if hp.get("validation_requests"):
+        val_over["workload.n_requests"] = int(hp["validation_requests"])
+    baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
+    val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
+
+    def evaluate(m: Any) -> dict:
+        return run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
+
+    def save(stem: str) -> None:
+        save_agent(run_dir / stem, model, venv, {"scenario": cfg.scenario, "env_kwargs": env_kwargs,
+                                                 "overrides": env_kwargs.get("overrides", {})})
+
+    callbacks, summaries, score, limit = _callbacks(cfg, bc, evaluate, save, baselines, t0)
     total = int(hp["n_timesteps"])
     remaining = total - model.num_timesteps if cfg.resume else total
     if not cfg.resume:
@@ -558,23 +600,10 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     final = evaluate(model) if cfg.score_every else {}
     venv.close()
     val_env.close()
-
     meta.update({
-        "status": "done",
-        "timesteps": int(model.num_timesteps),
-        "validation": {
-            "baselines": {k: {"mean_e2el_ms": v["serving"]["mean_e2el_ms"], "p99_ttft_ms": v["serving"]["p99_ttft_ms"],
-                              "completed": v["n_completed"], "arrived": v["n_arrived"]} for k, v in baselines.items()},
-            "final_agent": {"mean_e2el_ms": final["serving"]["mean_e2el_ms"], "p99_ttft_ms": final["serving"]["p99_ttft_ms"],
-                            "completed": final["n_completed"], "arrived": final["n_arrived"]} if final else {},
-            "best_rel_mean_e2el_vs_best": score.best_rel if score is not None else None,
-            "last_scores": score.last if score is not None else {},
-        },
-        "episodes": summaries.n_episodes,
-        "stopped_by_time_limit": bool(limit is not None and limit.stopped),
-        "learn_wall_s": learn_s,
-        "learn_cpu_s": learn_cpu_s,
-        "wall_s": time.perf_counter() - t0,
+        "status": "done", "timesteps": int(model.num_timesteps), "validation": _validation(baselines, final, score),
+        "episodes": summaries.n_episodes, "stopped_by_time_limit": bool(limit is not None and limit.stopped),
+        "learn_wall_s": learn_s, "learn_cpu_s": learn_cpu_s, "wall_s": time.perf_counter() - t0,
     })
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
     return meta

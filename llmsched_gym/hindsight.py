@@ -251,6 +251,148 @@ def _near(grid: tuple[int, ...], value: int) -> int:
     return int(np.argmin([abs(math.log(g / value)) if g else math.inf for g in grid]))
 
 
+class _Search:
+    """The state of one hindsight search: the runs left, the best schedule found, the current point
+    (priorities, budget, cap, levels mode, quantum) and its engine, and the best-so-far trace."""
+
+    def __init__(self, runner: _Runner, sims: int, rng: int) -> None:
+        self.runner, self.left, self.gen = runner, sims, np.random.default_rng(rng)
+        self.trace: list[float] = []
+        self.best_cost = math.inf
+        self.best: dict[str, Any] = {}
+        self.cur: tuple = ()
+        self.cur_cost, self.cur_engine = math.inf, None
+
+    def note(self, cost: float) -> None:
+        self.best_cost = min(self.best_cost, cost)
+        self.trace.append(self.runner.sign * self.best_cost)
+
+    def try_point(self, pt: tuple) -> tuple[float, Engine]:
+        """Run the priority schedule ``pt`` (one run of the budget); keep it if it is the best."""
+        self.left -= 1
+        p, chunk, seqs, levels, quantum = pt
+        cost, value, engine = self.runner.run(PriorityOrder(p, chunk, seqs, levels, quantum))
+        self.note(cost)
+        if cost < self.best["cost"]:
+            spec = {"name": PriorityOrder.name, "chunk_size": chunk, "max_num_seqs": seqs, "levels": levels}
+            if levels != "none":
+                spec["quantum"] = quantum
+            self.best.update(cost=cost, value=value, priority=p.copy(), spec=spec)
+        return cost, engine
+
+    def move_to(self, cost: float, pt: tuple, engine: Engine) -> bool:
+        """Make ``pt`` the current point if it is better; whether it was."""
+        if cost < self.cur_cost:
+            self.cur_cost, self.cur, self.cur_engine = cost, pt, engine
+            return True
+        return False
+
+    def starts(self, starts: list[dict[str, Any]]) -> tuple[float, dict[str, Any]]:
+        """1. Run the starting candidates (not counted in the budget); the best becomes the current
+        point. Returns the best start's ``(value, spec)``."""
+        from llmsched_gym.sim import make_policy
+
+        s_cost, s_value, s_spec, s_engine = math.inf, math.nan, starts[0], None
+        for spec in starts:
+            cost, value, engine = self.runner.run(make_policy(dict(spec)))
+            self.note(cost)
+            if s_engine is None or cost < s_cost:
+                s_cost, s_value, s_spec, s_engine = cost, value, spec, engine
+        self.best = {"cost": s_cost, "value": s_value, "spec": dict(s_spec), "priority": None}
+        self.cur = _point_of(s_spec, self.runner, s_engine)
+        self.cur_engine = s_engine
+        return s_value, s_spec
+
+    def around_start(self, sims: int) -> None:
+        """The best start replayed as a priority vector (the same schedule for most orders), then the
+        budget and the cap next to the start's (up to 8 runs, while more than half the budget is left)."""
+        if self.left > 0:
+            self.cur_cost, self.cur_engine = self.try_point(self.cur)
+        p0, c0, s0, l0, q0 = self.cur
+        ci, si = _near(CHUNKS, c0), _near(SEQS, s0)
+        for dc, ds in ((0, -1), (0, 1), (-1, 0), (1, 0), (-1, -1), (1, 1), (-1, 1), (1, -1)):
+            if self.left <= sims // 2:
+                break
+            if 0 <= ci + dc < len(CHUNKS) and 0 <= si + ds < len(SEQS):
+                pt = (p0, CHUNKS[ci + dc], SEQS[si + ds], l0, q0)
+                if pt[1:3] != (c0, s0):
+                    self._try_move(pt)
+
+    def _try_move(self, pt: tuple) -> None:
+        cost, engine = self.try_point(pt)
+        self.move_to(cost, pt, engine)
+
+    def cross_entropy(self) -> None:
+        """2. Parametric search on half the runs left: the cross-entropy method over (log10 a, beta,
+        gamma, budget, cap, levels), priorities ``(1 - beta) rank(log(output + a prompt)) + beta
+        rank(arrival) + gamma [no SLO]``."""
+        wl, gen, cur = self.runner.workload, self.gen, self.cur
+        out = wl.output_tokens.astype(np.float64)
+        prompt = wl.prompt_tokens.astype(np.float64)
+        arrival_rank = _rank(wl.arrival_s)
+        no_slo = (~np.isfinite(wl.ttft_slo_s)).astype(np.float64) if wl.has_slo else np.zeros(len(wl))
+        n_cem = self.left // 2
+        if n_cem < 8:
+            return
+        pop = max(6, min(12, n_cem // 4))
+        mu, sd = np.array([-2.0, 0.2, 0.5]), np.array([1.5, 0.3, 0.7])
+        probs = []
+        for grid, v in ((CHUNKS, cur[1]), (SEQS, cur[2]), (PriorityOrder.LEVELS, cur[3])):
+            pr = np.full(len(grid), 1.0)
+            pr[grid.index(v) if isinstance(v, str) else _near(grid, v)] += 2.0
+            probs.append(pr / pr.sum())
+        stop = self.left - n_cem
+        while self.left - pop >= stop:
+            samples = []
+            for _ in range(pop):
+                la, beta, gamma = gen.normal(mu, sd)
+                beta, gamma = float(np.clip(beta, 0.0, 1.0)), float(np.clip(gamma, 0.0, 2.0))
+                idx = [int(gen.choice(len(pr), p=pr)) for pr in probs]
+                p = (1 - beta) * _rank(np.log(out + 10.0 ** la * prompt)) + beta * arrival_rank + gamma * no_slo
+                pt = (p, CHUNKS[idx[0]], SEQS[idx[1]], PriorityOrder.LEVELS[idx[2]], self.cur[4])
+                cost, engine = self.try_point(pt)
+                samples.append((cost, (la, beta, gamma), idx, pt, engine))
+            samples.sort(key=lambda x: x[0])
+            elite = samples[: max(2, pop // 4)]
+            if elite[0][0] < self.cur_cost:
+                self.cur_cost, _, _, self.cur, self.cur_engine = elite[0]
+            x = np.array([e[1] for e in elite])
+            mu = 0.3 * mu + 0.7 * x.mean(axis=0)
+            sd = np.maximum(0.3 * sd + 0.7 * x.std(axis=0), [0.1, 0.03, 0.05])
+            probs = [0.5 * pr + 0.5 * np.bincount([e[2][k] for e in elite], minlength=len(pr)) / len(elite)
+                     for k, pr in enumerate(probs)]
+
+    def local_search(self, metric: str) -> None:
+        """3. Local search, on the runs left, on the per-request priorities of the current schedule
+        (requests moved by :func:`blame`) and, now and then, on a knob."""
+        gen = self.gen
+        weights = None
+        while self.left > 0:
+            p, chunk, seqs, levels, quantum = self.cur
+            u = gen.random()
+            if u < 0.15:  # a knob moves to a neighbour
+                v = gen.random()
+                if v < 0.4:
+                    chunk = CHUNKS[int(np.clip(_near(CHUNKS, chunk) + gen.choice([-1, 1]), 0, len(CHUNKS) - 1))]
+                elif v < 0.8:
+                    seqs = SEQS[int(np.clip(_near(SEQS, seqs) + gen.choice([-1, 1]), 0, len(SEQS) - 1))]
+                elif v < 0.9 or levels == "none":
+                    levels = PriorityOrder.LEVELS[int(gen.integers(len(PriorityOrder.LEVELS)))]
+                else:
+                    quantum = QUANTA[int(np.clip(_near(QUANTA, quantum) + gen.choice([-1, 1]), 0, len(QUANTA) - 1))]
+            else:
+                if weights is None:
+                    weights = blame(self.cur_engine, metric)
+                p = _move(p, self.cur_engine, weights, gen, promote=u < 0.6)
+            if p is None or (chunk, seqs, levels, quantum) == self.cur[1:5] and np.array_equal(p, self.cur[0]):
+                self.left -= 1  # a move that changes nothing still spends a run of the budget
+                continue
+            pt = (p, chunk, seqs, levels, quantum)
+            cost, engine = self.try_point(pt)
+            if self.move_to(cost, pt, engine):
+                weights = None
+
+
 def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, seed: int = 0,
               metric: str = "serving.mean_e2el_ms", lower_is_better: bool = True, *,
               start: list[dict[str, Any]] | None = None, sims: int = DEFAULT_SIMS, rng: int = 0) -> HindsightResult:
@@ -267,133 +409,22 @@ def hindsight(scenario: str | dict, overrides: dict[str, Any] | None = None, see
     :param rng: seeds the search (same arguments and ``rng``: the same result).
     :returns: a :class:`HindsightResult`; its ``value`` is never worse than the best start's.
     """
-    from llmsched_gym.sim import make_policy
-
     if sims < 0:
         raise ConfigError(f"sims: must be >= 0, got {sims}")
     t0 = time.perf_counter()
     runner = _Runner(scenario, {**(overrides or {}), **TRUE_LENGTHS}, seed, metric, lower_is_better)
-    n = len(runner.workload)
-    gen = np.random.default_rng(rng)
-    trace: list[float] = []
-    best_cost = math.inf
-
-    def note(cost: float) -> None:
-        nonlocal best_cost
-        best_cost = min(best_cost, cost)
-        trace.append(runner.sign * best_cost)
-
-    # 1. starting candidates
     starts = list(start) if start is not None else static_family("clairvoyant")
     if not starts:
         raise ConfigError("start: needs at least one policy spec")
-    s_cost, s_value, s_spec, s_engine = math.inf, math.nan, starts[0], None
-    for spec in starts:
-        cost, value, engine = runner.run(make_policy(dict(spec)))
-        note(cost)
-        if s_engine is None or cost < s_cost:
-            s_cost, s_value, s_spec, s_engine = cost, value, spec, engine
-    best = {"cost": s_cost, "value": s_value, "spec": dict(s_spec), "priority": None}
-    # the current point of the search: priorities, budget, cap, levels mode, quantum
-    cur = _point_of(s_spec, runner, s_engine)
-    cur_cost, cur_engine = math.inf, s_engine
-    left = sims
-
-    def try_point(pt: tuple) -> tuple[float, Engine]:
-        nonlocal left
-        left -= 1
-        p, chunk, seqs, levels, quantum = pt
-        cost, value, engine = runner.run(PriorityOrder(p, chunk, seqs, levels, quantum))
-        note(cost)
-        if cost < best["cost"]:
-            spec = {"name": PriorityOrder.name, "chunk_size": chunk, "max_num_seqs": seqs, "levels": levels}
-            if levels != "none":
-                spec["quantum"] = quantum
-            best.update(cost=cost, value=value, priority=p.copy(), spec=spec)
-        return cost, engine
-
-    if left > 0:  # the best start replayed as a priority vector (the same schedule for most orders)
-        cur_cost, cur_engine = try_point(cur)
-    # the budget and the cap next to the start's (up to 8 runs)
-    p0, c0, s0, l0, q0 = cur
-    ci, si = _near(CHUNKS, c0), _near(SEQS, s0)
-    for dc, ds in ((0, -1), (0, 1), (-1, 0), (1, 0), (-1, -1), (1, 1), (-1, 1), (1, -1)):
-        if left <= sims // 2:
-            break
-        if 0 <= ci + dc < len(CHUNKS) and 0 <= si + ds < len(SEQS):
-            pt = (p0, CHUNKS[ci + dc], SEQS[si + ds], l0, q0)
-            if pt[1:3] != (c0, s0):
-                cost, engine = try_point(pt)
-                if cost < cur_cost:
-                    cur_cost, cur, cur_engine = cost, pt, engine
-
-    # 2. parametric search: cross-entropy method over (log10 a, beta, gamma, budget, cap, levels)
-    wl = runner.workload
-    out = wl.output_tokens.astype(np.float64)
-    prompt = wl.prompt_tokens.astype(np.float64)
-    arrival_rank = _rank(wl.arrival_s)
-    no_slo = (~np.isfinite(wl.ttft_slo_s)).astype(np.float64) if wl.has_slo else np.zeros(n)
-    n_cem = left // 2
-    if n_cem >= 8:
-        pop = max(6, min(12, n_cem // 4))
-        mu, sd = np.array([-2.0, 0.2, 0.5]), np.array([1.5, 0.3, 0.7])
-        probs = []
-        for grid, v in ((CHUNKS, cur[1]), (SEQS, cur[2]), (PriorityOrder.LEVELS, cur[3])):
-            pr = np.full(len(grid), 1.0)
-            pr[grid.index(v) if isinstance(v, str) else _near(grid, v)] += 2.0
-            probs.append(pr / pr.sum())
-        stop = left - n_cem
-        while left - pop >= stop:
-            samples = []
-            for _ in range(pop):
-                la, beta, gamma = gen.normal(mu, sd)
-                beta, gamma = float(np.clip(beta, 0.0, 1.0)), float(np.clip(gamma, 0.0, 2.0))
-                idx = [int(gen.choice(len(pr), p=pr)) for pr in probs]
-                p = (1 - beta) * _rank(np.log(out + 10.0 ** la * prompt)) + beta * arrival_rank + gamma * no_slo
-                pt = (p, CHUNKS[idx[0]], SEQS[idx[1]], PriorityOrder.LEVELS[idx[2]], cur[4])
-                cost, engine = try_point(pt)
-                samples.append((cost, (la, beta, gamma), idx, pt, engine))
-            samples.sort(key=lambda x: x[0])
-            elite = samples[: max(2, pop // 4)]
-            if elite[0][0] < cur_cost:
-                cur_cost, _, _, cur, cur_engine = elite[0]
-            x = np.array([e[1] for e in elite])
-            mu = 0.3 * mu + 0.7 * x.mean(axis=0)
-            sd = np.maximum(0.3 * sd + 0.7 * x.std(axis=0), [0.1, 0.03, 0.05])
-            probs = [0.5 * pr + 0.5 * np.bincount([e[2][k] for e in elite], minlength=len(pr)) / len(elite)
-                     for k, pr in enumerate(probs)]
-
-    # 3. local search on the per-request priorities of the best priority schedule
-    weights = None
-    while left > 0:
-        p, chunk, seqs, levels, quantum = cur
-        u = gen.random()
-        if u < 0.15:  # a knob moves to a neighbour
-            v = gen.random()
-            if v < 0.4:
-                chunk = CHUNKS[int(np.clip(_near(CHUNKS, chunk) + gen.choice([-1, 1]), 0, len(CHUNKS) - 1))]
-            elif v < 0.8:
-                seqs = SEQS[int(np.clip(_near(SEQS, seqs) + gen.choice([-1, 1]), 0, len(SEQS) - 1))]
-            elif v < 0.9 or levels == "none":
-                levels = PriorityOrder.LEVELS[int(gen.integers(len(PriorityOrder.LEVELS)))]
-            else:
-                quantum = QUANTA[int(np.clip(_near(QUANTA, quantum) + gen.choice([-1, 1]), 0, len(QUANTA) - 1))]
-        else:
-            if weights is None:
-                weights = blame(cur_engine, metric)
-            p = _move(p, cur_engine, weights, gen, promote=u < 0.6)
-        if p is None or (chunk, seqs, levels, quantum) == cur[1:5] and np.array_equal(p, cur[0]):
-            left -= 1  # a move that changes nothing still spends a run of the budget
-            continue
-        pt = (p, chunk, seqs, levels, quantum)
-        cost, engine = try_point(pt)
-        if cost < cur_cost:
-            cur_cost, cur, cur_engine = cost, pt, engine
-            weights = None
-
+    search = _Search(runner, sims, rng)
+    s_value, s_spec = search.starts(starts)
+    search.around_start(sims)
+    search.cross_entropy()
+    search.local_search(metric)
+    best = search.best
     return HindsightResult(value=best["value"], start_value=s_value, start_spec=dict(s_spec), spec=best["spec"],
                            priority=best["priority"], n_sims=runner.n_sims, wall_s=time.perf_counter() - t0,
-                           lower_is_better=lower_is_better, trace=trace)
+                           lower_is_better=lower_is_better, trace=search.trace)
 
 
 def blame(engine: Engine, metric: str) -> tuple[np.ndarray, np.ndarray]:

@@ -120,21 +120,11 @@ def _table(m: dict[str, dict[str, float]], key: str, f: str, labels: dict[str, s
     return ", ".join(f"{labels.get(p, p)} {format(v[key], f)}" for p, v in m.items())
 
 
-def run(quick: bool = False) -> PaperReport:
+def _throughput_rows(m: dict[str, dict[str, float]], mb: dict[str, dict[str, float]],
+                     mb_evict: dict[str, float]) -> list[Row]:
+    """Fig. 6's offline throughput normalised to BS and its orderings, at the default capacity
+    (``m``) and memory-bound (``mb``; ``mb_evict``: Echo's eviction order alone)."""
     rows: list[Row] = []
-    missing = missing_policies(list(POLICIES))
-    if missing:
-        rows.append(Row("Offline throughput Echo / BS (Fig. 6)", "up to 3.3x", "-",
-                        not_comparable(f"policy {missing[0]} not available")))
-        return PaperReport("echo", "Echo (Wang et al. 2025)", rows)
-    spec = scenario(quick)
-    horizon = float(spec["engine"]["horizon_s"])
-    pool = int(spec["workload"]["classes"]["offline"]["n_requests"])
-    m = {p: measure(simulate(spec, p, 0)) for p in POLICIES}
-    mb_spec = scenario(quick, MEMORY_BOUND_KV)
-    mb = {p: measure(simulate(mb_spec, p, 0)) for p in POLICIES}
-    mb_evict = measure(simulate(mb_spec, ECHO_EVICTION_ONLY, 0))
-
     off = {p: v["offline_tps"] for p, v in m.items()}
     norm = {p: off[p] / off["echo-bs"] for p in POLICIES}
     rows.append(Row("Offline throughput Echo / BS (Fig. 6, best case), with online SLO attainment",
@@ -178,6 +168,12 @@ def run(quick: bool = False) -> PaperReport:
                        "own tokens; the shared 4,096-token head stays cached); the eviction order alone gives "
                        f"{mb_evict['offline_tps'] / s3['offline_tps']:.3f}x BS+E+S, as the radix-order scheduler "
                        "mostly keeps the running group's head in use, so few needed heads are idle when eviction happens")))
+    return rows
+
+
+def _latency_rows(m: dict[str, dict[str, float]], mb: dict[str, dict[str, float]]) -> list[Row]:
+    """The online SLO attainment of the SLO-aware strategies and BS's lowest TTFT."""
+    rows: list[Row] = []
     slo_ok = all(v[p]["slo"] >= 0.9 for v in (m, mb) for p in POLICIES[1:])
     rows.append(Row("SLO-aware strategies (BS+E, BS+E+S, Echo) meet the online SLO (>= 90%; TTFT 1 s, TPOT 0.05 s)",
                     ">= 90%", f"default: {_table({p: m[p] for p in POLICIES[1:]}, 'slo', '.1%')}; memory-bound: "
@@ -193,6 +189,13 @@ def run(quick: bool = False) -> PaperReport:
                        f"prefills make its iterations longer (mean {m['echo-bs']['mean_iter_s'] * 1e3:.3g} ms vs "
                        f"Echo {m['echo']['mean_iter_s'] * 1e3:.3g} ms) and its full KV makes online requests wait "
                        "for preemptions")))
+    return rows
+
+
+def _diagnostic_rows(m: dict[str, dict[str, float]], mb: dict[str, dict[str, float]]) -> list[Row]:
+    """Figs 8-10: the prefix hit rate, active offline vs online requests, the memory held."""
+    rows: list[Row] = []
+    e = mb["echo"]
     rows.append(Row("Echo prefix hit rate (LooGLE QA Short)", "78.6%",
                     f"{m['echo']['hit']:.1%} (offline admissions; memory-bound {e['hit']:.1%}; BS "
                     f"{m['echo-bs']['hit']:.1%})",
@@ -208,19 +211,43 @@ def run(quick: bool = False) -> PaperReport:
                     + ("" if m["echo"]["mem_over_half"] > 0.5 else
                        " in the memory-bound configuration (LooGLE-like pressure); at 150K tokens our "
                        "4.1-4.4K-token offline prompts cannot fill the memory under the SLO gate")))
+    return rows
+
+
+def _planning_row(quick: bool) -> Row:
+    """Section 5.4's resource planning: the smallest KV capacity meeting the online SLO on the peak
+    window, then Echo's offline throughput with it."""
     kv, seen = plan_resources()
     plan_txt = ", ".join(f"{k // 1000}K {v:.1%}" for k, v in seen.items())
     if kv is None:
-        rows.append(Row("Resource planning (section 5.4): KV capacity for the 5-minute peak window, online only",
-                        "procedure only (no number)", f"no level up to {PLAN_GRID[-1]:,} meets 90% ({plan_txt})",
-                        not_comparable("the paper reports no number")))
-    else:
-        at = measure(simulate(scenario(quick, kv), "echo", 0))
-        rows.append(Row("Resource planning (section 5.4): smallest KV capacity meeting the 90% online SLO on the "
-                        "5-minute peak window, then Echo's offline throughput with it", "procedure only (no number)",
-                        f"{kv:,} tokens (online-only attainment {plan_txt}); Echo at {kv:,}: offline "
-                        f"{at['offline_tps']:.4g} tokens/s, online SLO {at['slo']:.1%}",
-                        not_comparable("the paper reports no number; ours shows the procedure runs end to end")))
+        return Row("Resource planning (section 5.4): KV capacity for the 5-minute peak window, online only",
+                   "procedure only (no number)", f"no level up to {PLAN_GRID[-1]:,} meets 90% ({plan_txt})",
+                   not_comparable("the paper reports no number"))
+    at = measure(simulate(scenario(quick, kv), "echo", 0))
+    return Row("Resource planning (section 5.4): smallest KV capacity meeting the 90% online SLO on the "
+               "5-minute peak window, then Echo's offline throughput with it", "procedure only (no number)",
+               f"{kv:,} tokens (online-only attainment {plan_txt}); Echo at {kv:,}: offline "
+               f"{at['offline_tps']:.4g} tokens/s, online SLO {at['slo']:.1%}",
+               not_comparable("the paper reports no number; ours shows the procedure runs end to end"))
+
+
+def run(quick: bool = False) -> PaperReport:
+    """The Echo report: throughput, latency and diagnostic rows at the default capacity and
+    memory-bound, and the resource-planning row."""
+    missing = missing_policies(list(POLICIES))
+    if missing:
+        return PaperReport("echo", "Echo (Wang et al. 2025)", [
+            Row("Offline throughput Echo / BS (Fig. 6)", "up to 3.3x", "-",
+                not_comparable(f"policy {missing[0]} not available"))])
+    spec = scenario(quick)
+    horizon = float(spec["engine"]["horizon_s"])
+    pool = int(spec["workload"]["classes"]["offline"]["n_requests"])
+    m = {p: measure(simulate(spec, p, 0)) for p in POLICIES}
+    mb_spec = scenario(quick, MEMORY_BOUND_KV)
+    mb = {p: measure(simulate(mb_spec, p, 0)) for p in POLICIES}
+    mb_evict = measure(simulate(mb_spec, ECHO_EVICTION_ONLY, 0))
+    rows = (_throughput_rows(m, mb, mb_evict) + _latency_rows(m, mb) + _diagnostic_rows(m, mb)
+            + [_planning_row(quick)])
     pool_left = min(v[p]["pool_left"] for v in (m, mb) for p in POLICIES)
     return PaperReport(
         "echo", "Echo (Wang et al. 2025)", rows,
