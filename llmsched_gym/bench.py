@@ -251,91 +251,133 @@ ENV_SCENARIOS = ("jaillet-high", "azure-conv")
 """Scenarios of the env section (1,000-request episodes each)."""
 
 
-def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[str, Any]:
-    from rich.console import Console
+def _engine_section(con: Any, quick: bool) -> dict[str, Any] | None:
+    """``engine``: the Azure-conv run in this process and as a whole ``llmsched run``, the imports."""
     from rich.table import Table
 
     from llmsched_gym.sim import what_runs
 
+    eng = bench_engine(repeats=1 if quick else 3)
+    eng.update(bench_process(repeats=1 if quick else 3))
+    eng.update(bench_import())
+    eng.update(what_runs("azure-conv"))  # the real trace or its stand-in, and the latency model
+    t = Table(title=f"engine: {eng['title']}, FCFS, paged KV")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k in ("requests", "iterations", "setup_s", "run_s", "sim_requests_per_s", "sim_iterations_per_s",
+              "requests_per_s_incl_setup", "process_wall_s", "import_s", "heavy_modules_imported"):
+        v = eng[k]
+        t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else str(v))
+    con.print(t)
+    return eng
+
+
+def _overload_section(con: Any, quick: bool) -> dict[str, Any] | None:
+    """``overload``: the engine's CPU time per request as the queue grows."""
+    from rich.table import Table
+
+    ov = bench_overload((2_000, 20_000) if quick else (10_000, 100_000, 1_000_000))
+    t = Table(title="overload: jaillet-high, MC-SF, 50 arrivals/s (the queue grows), fresh process each")
+    for col in ("requests", "iterations", "run CPU s", "CPU us / request"):
+        t.add_column(col, justify="right")
+    for n, r in ov["runs"].items():
+        t.add_row(f"{n:,}", f"{r['iterations']:,}", f"{r['run_cpu_s']:.2f}", f"{r['cpu_us_per_request']:.1f}")
+    con.print(t)
+    con.print(f"cost per request, largest / smallest: {ov['cost_ratio_largest_to_smallest']:.2f}")
+    return ov
+
+
+def _memory_section(con: Any, quick: bool) -> dict[str, Any] | None:
+    """``memory``: peak RSS of a whole ``llmsched run`` at steady load."""
+    mem = bench_memory(100_000 if quick else 1_000_000)
+    con.print(f"memory: jaillet-high at 8 arrivals/s, {mem['requests']:,} requests, whole `llmsched run`: "
+              f"peak RSS {mem['peak_rss_mb']:,.0f} MB ({mem['bytes_per_request']:,.0f} bytes/request), "
+              f"{mem['wall_s']:.1f} s")
+    return mem
+
+
+def _env_section(con: Any, quick: bool) -> dict[str, Any] | None:
+    """``env``: env steps/s with random masked actions (None where the env cannot be imported)."""
+    from rich.table import Table
+
+    from llmsched_gym.sim import what_runs
+
+    try:
+        from llmsched_gym.env.bench import bench_env
+    except ImportError:
+        con.print("env: not available")
+        return None
+    steps = 5_000 if quick else 50_000
+    runs = {sc: {**bench_env(sc, steps=steps), **what_runs(sc)} for sc in ENV_SCENARIOS}
+    t = Table(title=f"env: LLMSched-v1 default mode (select), random masked actions, {steps:,} steps, one core")
+    keys = ("n_requests", "episodes", "iterations", "requests_completed", "wall_s", "steps_per_s",
+            "steps_per_cpu_s")
+    t.add_column("metric")
+    for sc in runs:
+        t.add_column(runs[sc]["title"], justify="right")
+    for k in keys:
+        t.add_row(k, *(f"{r[k]:,.3f}" if isinstance(r[k], float) else str(r[k]) for r in runs.values()))
+    t.add_row("steps: admit / launch / preempt", *(
+        " / ".join(f"{x:.0%}" for x in r["step_mix"].values()) for r in runs.values()))
+    con.print(t)
+    return runs
+
+
+def _train_section(con: Any, quick: bool) -> dict[str, Any] | None:
+    """``train``: ``llmsched train`` per action mode and vec env."""
+    from rich.table import Table
+
+    tr = bench_train(timesteps=2_048 if quick else 16_384)
+    t = Table(title=f"train: llmsched train --scenario {tr['scenario']} --timesteps {tr['timesteps']:,} "
+                    f"--score-every 0 --threads 1, fresh process each (load average {tr['loadavg_1min']:.1f} "
+                    f"on {os.cpu_count()} cores)")
+    for col in ("action mode", "vec env", "envs x steps", "learn steps/s", "steps/CPU-s", "vs dummy (CPU)",
+                "start-up s", "steps/s incl. start-up"):
+        t.add_column(col, justify="right" if col not in ("action mode", "vec env") else "left")
+    for mode, by_vec in tr["runs"].items():
+        ref = by_vec.get("dummy")
+        for label, r in by_vec.items():
+            t.add_row(mode, label, f"{r['n_envs']} x {r['n_steps']}", f"{r['steps_per_s']:,.0f}",
+                      f"{r['steps_per_cpu_s']:,.0f}",
+                      f"{r['steps_per_cpu_s'] / ref['steps_per_cpu_s']:.2f}x" if ref else "",
+                      f"{r['startup_wall_s']:.1f}", f"{r['steps_per_s_incl_startup']:,.0f}")
+    con.print(t)
+    return tr
+
+
+def _sweep_section(con: Any, quick: bool) -> dict[str, Any] | None:
+    """``sweep``: one ``llmsched compare`` sweep serially, on processes and on Ray."""
+    from rich.table import Table
+
+    sw = bench_sweep(repeats=1 if quick else 3)
+    t = Table(title=f"sweep: compare on {SWEEP['scenario']}, {sw['cells']} cells (min over rounds; load "
+                    f"average {sw['loadavg_1min']:.1f} on {os.cpu_count()} cores)")
+    t.add_column("run")
+    t.add_column("wall (s)", justify="right")
+    t.add_column("speed-up", justify="right")
+    for k, v in sw["min_wall_s"].items():
+        t.add_row(k, f"{v:.2f}", f"{sw['speedup'].get(k, 1.0):.2f}x")
+    con.print(t)
+    return sw
+
+
+SECTIONS = ("engine", "overload", "memory", "env", "train", "sweep")
+"""The sections of ``llmsched bench`` in the order they run (``--only``)."""
+
+
+def run_bench(quick: bool = False, sections: list[str] | None = None) -> dict[str, Any]:
+    """Run the ``sections`` (default: engine and env) in :data:`SECTIONS`' order, printing a table
+    for each; returns the report (``--json``)."""
+    from rich.console import Console
+
     sections = sections or ["engine", "env"]
     con = Console()
     report: dict[str, Any] = {"python": sys.version.split()[0], "cpu_count": os.cpu_count()}
-    if "engine" in sections:
-        eng = bench_engine(repeats=1 if quick else 3)
-        eng.update(bench_process(repeats=1 if quick else 3))
-        eng.update(bench_import())
-        eng.update(what_runs("azure-conv"))  # the real trace or its stand-in, and the latency model
-        report["engine"] = eng
-        t = Table(title=f"engine: {eng['title']}, FCFS, paged KV")
-        t.add_column("metric")
-        t.add_column("value", justify="right")
-        for k in ("requests", "iterations", "setup_s", "run_s", "sim_requests_per_s", "sim_iterations_per_s",
-                  "requests_per_s_incl_setup", "process_wall_s", "import_s", "heavy_modules_imported"):
-            v = eng[k]
-            t.add_row(k, f"{v:,.3f}" if isinstance(v, float) else str(v))
-        con.print(t)
-    if "overload" in sections:
-        ov = bench_overload((2_000, 20_000) if quick else (10_000, 100_000, 1_000_000))
-        report["overload"] = ov
-        t = Table(title="overload: jaillet-high, MC-SF, 50 arrivals/s (the queue grows), fresh process each")
-        for col in ("requests", "iterations", "run CPU s", "CPU us / request"):
-            t.add_column(col, justify="right")
-        for n, r in ov["runs"].items():
-            t.add_row(f"{n:,}", f"{r['iterations']:,}", f"{r['run_cpu_s']:.2f}", f"{r['cpu_us_per_request']:.1f}")
-        con.print(t)
-        con.print(f"cost per request, largest / smallest: {ov['cost_ratio_largest_to_smallest']:.2f}")
-    if "memory" in sections:
-        mem = bench_memory(100_000 if quick else 1_000_000)
-        report["memory"] = mem
-        con.print(f"memory: jaillet-high at 8 arrivals/s, {mem['requests']:,} requests, whole `llmsched run`: "
-                  f"peak RSS {mem['peak_rss_mb']:,.0f} MB ({mem['bytes_per_request']:,.0f} bytes/request), "
-                  f"{mem['wall_s']:.1f} s")
-    if "env" in sections:
-        try:
-            from llmsched_gym.env.bench import bench_env
-        except ImportError:
-            con.print("env: not available")
-        else:
-            steps = 5_000 if quick else 50_000
-            runs = {sc: {**bench_env(sc, steps=steps), **what_runs(sc)} for sc in ENV_SCENARIOS}
-            report["env"] = runs
-            t = Table(title=f"env: LLMSched-v1 default mode (select), random masked actions, {steps:,} steps, one core")
-            keys = ("n_requests", "episodes", "iterations", "requests_completed", "wall_s", "steps_per_s",
-                    "steps_per_cpu_s")
-            t.add_column("metric")
-            for sc in runs:
-                t.add_column(runs[sc]["title"], justify="right")
-            for k in keys:
-                t.add_row(k, *(f"{r[k]:,.3f}" if isinstance(r[k], float) else str(r[k]) for r in runs.values()))
-            t.add_row("steps: admit / launch / preempt", *(
-                " / ".join(f"{x:.0%}" for x in r["step_mix"].values()) for r in runs.values()))
-            con.print(t)
-    if "train" in sections:
-        tr = bench_train(timesteps=2_048 if quick else 16_384)
-        report["train"] = tr
-        t = Table(title=f"train: llmsched train --scenario {tr['scenario']} --timesteps {tr['timesteps']:,} "
-                        f"--score-every 0 --threads 1, fresh process each (load average {tr['loadavg_1min']:.1f} "
-                        f"on {os.cpu_count()} cores)")
-        for col in ("action mode", "vec env", "envs x steps", "learn steps/s", "steps/CPU-s", "vs dummy (CPU)",
-                    "start-up s", "steps/s incl. start-up"):
-            t.add_column(col, justify="right" if col not in ("action mode", "vec env") else "left")
-        for mode, by_vec in tr["runs"].items():
-            ref = by_vec.get("dummy")
-            for label, r in by_vec.items():
-                t.add_row(mode, label, f"{r['n_envs']} x {r['n_steps']}", f"{r['steps_per_s']:,.0f}",
-                          f"{r['steps_per_cpu_s']:,.0f}",
-                          f"{r['steps_per_cpu_s'] / ref['steps_per_cpu_s']:.2f}x" if ref else "",
-                          f"{r['startup_wall_s']:.1f}", f"{r['steps_per_s_incl_startup']:,.0f}")
-        con.print(t)
-    if "sweep" in sections:
-        sw = bench_sweep(repeats=1 if quick else 3)
-        report["sweep"] = sw
-        t = Table(title=f"sweep: compare on {SWEEP['scenario']}, {sw['cells']} cells (min over rounds; load "
-                        f"average {sw['loadavg_1min']:.1f} on {os.cpu_count()} cores)")
-        t.add_column("run")
-        t.add_column("wall (s)", justify="right")
-        t.add_column("speed-up", justify="right")
-        for k, v in sw["min_wall_s"].items():
-            t.add_row(k, f"{v:.2f}", f"{sw['speedup'].get(k, 1.0):.2f}x")
-        con.print(t)
+    step = {"engine": _engine_section, "overload": _overload_section, "memory": _memory_section,
+            "env": _env_section, "train": _train_section, "sweep": _sweep_section}
+    for name in SECTIONS:
+        if name in sections:
+            result = step[name](con, quick)
+            if result is not None:
+                report[name] = result
     return report

@@ -338,6 +338,70 @@ def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
             "fcfs_mean": mean(fcfs), "rows": rows}
 
 
+def _task_entrants(task: Task, refs: list[str], chosen: dict | None, chosen_on: str, policies: list[str | dict],
+                   agents: list[str], best_model: bool, sims: int, top: list[dict] | None,
+                   skip: Callable[[str, str, str], None]) -> list[_Entrant]:
+    """The entrants of one task: the default-parameter baselines that apply to its information,
+    the static heuristic ``chosen`` on task ``chosen_on``'s validation seed, the extra ``policies``,
+    the ``agents`` trained on its scenario (with their untrained start where saved) and the
+    hindsight search from ``top`` (the family's best few); what cannot run is ``skip``-ped with
+    its reason."""
+    from baselines import applicable
+
+    name = task.name
+    entrants: list[_Entrant] = []
+    for ref in refs:
+        ok, why = applicable(ref, task.information)
+        if ok:
+            entrants.append(_Entrant(task, "baseline", ref, ref, {}))
+        else:
+            skip(name, ref, f"not applicable: {why}")
+    if chosen is not None:
+        entrants.append(_Entrant(task, "static", _policy_label(chosen), chosen,
+                                 {"chosen_on": f"{chosen_on} seed {VALIDATION_SEED}"}))
+    for spec in policies:
+        ok, why = applicable(spec, task.information)
+        if ok:
+            entrants.append(_Entrant(task, "policy", _policy_label(spec), spec, {}))
+        else:
+            skip(name, _policy_label(spec), f"not applicable: {why}")
+    for path in agents:
+        # an agent is scored on the tasks of the scenario it was trained on (generalisation tasks included)
+        trained_on = _agent_scenario(str(path), best_model)
+        if trained_on not in (None, task.scenario):
+            skip(name, str(path), f"{path} was trained on {trained_on}, not {task.scenario}")
+            continue
+        entrants.append(_Entrant(task, "agent", str(path), str(path), {"path": str(path)}))
+        if (Path(path) / "start.json").exists():
+            entrants.append(_Entrant(task, "start", f"{path} (start)", str(path), {"path": str(path)}))
+    if top is not None:  # the search starts from the family's best few on the validation seed
+        entrants.append(_Entrant(task, "reference", "hindsight", top, {"sims": sims}))
+    return entrants
+
+
+def _entries(name: str, entrants: list[_Entrant], outcomes: list[Any],
+             skip: Callable[[str, str, str], None]) -> list[Entry]:
+    """The scored entries of task ``name`` from its entrants' cell outcomes; an entrant with a
+    failing cell is ``skip``-ped with the cell's error (the other entrants are scored)."""
+    entries: list[Entry] = []
+    for e in entrants:
+        got = [outcomes[i] for i in e.cells]
+        failed = next((o for o in got if not o.ok), None)
+        if failed is not None:  # reported by its cell; the other entrants are scored
+            reason = failed.error if e.kind == "baseline" else f"{failed.error} (cell {failed.name})"
+            if "NotApplicable" in (failed.error or ""):
+                reason = f"not applicable: {failed.error.split(': ', 1)[-1]}"
+            skip(name, e.label, reason)
+            continue
+        label = got[0].value[2] if e.kind in ("agent", "start") else e.label
+        params = e.params
+        if e.kind == "reference":  # the search's own figures, before the floor below
+            params = {**e.params, "search": [{"value": o.value[0], **o.value[1]} for o in got]}
+        entries.append(Entry(label, e.kind, [o.value[0] for o in got],
+                             [True if e.kind == "reference" else o.value[1] for o in got], params))
+    return entries
+
+
 def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | None = None,
                   agents: list[str] | None = None, quick: bool = False, best_model: bool = False,
                   out: str | Path = "runs/benchmark", baselines: list[str] | None = None,
@@ -357,7 +421,7 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     :param seeds: the test seeds (default: the protocol's).
     :returns: the ``results.json`` content.
     """
-    from baselines import applicable, available, validate_spec
+    from baselines import available, validate_spec
     from baselines.static import static_family
     from llmsched_gym.env import ENV_ID
 
@@ -389,35 +453,10 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     # 2. every entrant and the hindsight search on the test seeds
     entrants: list[_Entrant] = []
     for name in names:
-        task = by_name[name]
-        for ref in refs:
-            ok, why = applicable(ref, task.information)
-            if ok:
-                entrants.append(_Entrant(task, "baseline", ref, ref, {}))
-            else:
-                skip(name, ref, f"not applicable: {why}")
         chosen = static.get(chooser[name])
-        if chosen is not None:
-            entrants.append(_Entrant(task, "static", _policy_label(chosen), chosen,
-                                     {"chosen_on": f"{chooser[name]} seed {VALIDATION_SEED}"}))
-        for spec in policies or []:
-            ok, why = applicable(spec, task.information)
-            if ok:
-                entrants.append(_Entrant(task, "policy", _policy_label(spec), spec, {}))
-            else:
-                skip(name, _policy_label(spec), f"not applicable: {why}")
-        for path in agents or []:
-            # an agent is scored on the tasks of the scenario it was trained on (generalisation tasks included)
-            trained_on = _agent_scenario(str(path), best_model)
-            if trained_on not in (None, task.scenario):
-                skip(name, str(path), f"{path} was trained on {trained_on}, not {task.scenario}")
-                continue
-            entrants.append(_Entrant(task, "agent", str(path), str(path), {"path": str(path)}))
-            if (Path(path) / "start.json").exists():
-                entrants.append(_Entrant(task, "start", f"{path} (start)", str(path), {"path": str(path)}))
-        if sims and chosen is not None:  # the search starts from the family's best few on the validation seed
-            top = results["static_family"][chooser[name]]["top"]
-            entrants.append(_Entrant(task, "reference", "hindsight", top, {"sims": sims}))
+        top = results["static_family"][chooser[name]]["top"] if sims and chosen is not None else None
+        entrants += _task_entrants(by_name[name], refs, chosen, chooser[name], policies, agents or [], best_model,
+                                   sims, top, skip)
     cells: list[Cell] = []
     for e in entrants:
         for seed in seeds:
@@ -427,22 +466,7 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     _retry_fcfs(entrants, outcomes, seeds, quick, best_model, settings, results)
     for name in names:
         task = by_name[name]
-        entries: list[Entry] = []
-        for e in (e for e in entrants if e.task.name == name):
-            got = [outcomes[i] for i in e.cells]
-            failed = next((o for o in got if not o.ok), None)
-            if failed is not None:  # reported by its cell; the other entrants are scored
-                reason = failed.error if e.kind == "baseline" else f"{failed.error} (cell {failed.name})"
-                if "NotApplicable" in (failed.error or ""):
-                    reason = f"not applicable: {failed.error.split(': ', 1)[-1]}"
-                skip(name, e.label, reason)
-                continue
-            label = got[0].value[2] if e.kind in ("agent", "start") else e.label
-            params = e.params
-            if e.kind == "reference":  # the search's own figures, before the floor below
-                params = {**e.params, "search": [{"value": o.value[0], **o.value[1]} for o in got]}
-            entries.append(Entry(label, e.kind, [o.value[0] for o in got],
-                                 [True if e.kind == "reference" else o.value[1] for o in got], params))
+        entries = _entries(name, [e for e in entrants if e.task.name == name], outcomes, skip)
         _hindsight_floor(task, entries)
         results["tasks"][name] = score_task(task, entries)
         # a trace task on a clone without the trace runs its synthetic stand-in: the leaderboard says so
