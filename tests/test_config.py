@@ -139,6 +139,34 @@ def test_scenario_argument_of_wrong_type_is_one_line():
         gym.make("LLMSched-v1", scenario="jaillet-low", n_requests="many")
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"action_mode": "lifo"}, "action_mode: expected one of select, subset, priority, knob, tune, meta, got 'lifo'"),
+    ({"order": "random"}, "order: expected one of arrival, shortest, prompt, deadline, got 'random'"),
+    ({"admission": "maybe"}, "admission: expected one of current, future, none, got 'maybe'"),
+    ({"invalid_action": "ignore"}, "invalid_action: expected one of noop, raise, got 'ignore'"),
+    ({"K": 0}, "K: expected an integer in [1, 4,096], got 0"),
+    ({"budget": 0}, "budget: expected an integer >= 1, got 0"),
+    ({"max_num_seqs": 2.5}, "max_num_seqs: expected an integer >= 1, got 2.5"),
+    ({"render_mode": "human"}, "render_mode: expected one of ansi, rgb_array, got 'human'"),
+    ({"invalid_penalty": "high"}, "invalid_penalty: expected a number, got 'high'"),
+    ({"horizon_s": 0}, "horizon_s: expected a number > 0, got 0"),
+])
+def test_every_env_argument_is_checked_in_one_line_naming_it(kwargs, message):
+    from llmsched_gym.env.llmsched_env import LLMSchedEnv
+
+    with pytest.raises(ConfigError) as e:
+        LLMSchedEnv("jaillet-low", **kwargs)
+    assert str(e.value) == message
+
+
+def test_env_arguments_take_their_canonical_types():
+    from llmsched_gym.env.llmsched_env import LLMSchedEnv
+
+    env = LLMSchedEnv("jaillet-low", K=np.int64(8), budget=4.0, invalid_penalty=1, max_num_seqs=np.int32(3))
+    assert (env.K, env.budget, env.invalid_penalty, env.dp.max_num_seqs) == (8, 4, 1.0, 3)
+    assert type(env.K) is int and type(env.budget) is int and type(env.invalid_penalty) is float
+
+
 def test_complex_priority_action_is_invalid_not_truncated():
     import gymnasium as gym
 
