@@ -24,6 +24,8 @@ class SimResult:
     :ivar requests: per-request table (column name -> array), every arrived request.
     :ivar iterations: the iteration log (column name -> array), one row per iteration.
     :ivar engine: the finished engine (for custom metrics).
+    :ivar setup_s: seconds spent building the engine (workload, latency model).
+    :ivar scenario: the scenario as checked and run (overrides applied).
     """
 
     summary: dict[str, Any]
@@ -31,6 +33,7 @@ class SimResult:
     iterations: dict[str, np.ndarray]
     engine: Engine = field(repr=False)
     setup_s: float = 0.0
+    scenario: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def make_policy(policy: str | Scheduler | dict, params: dict[str, Any] | None = None) -> Scheduler:
@@ -120,7 +123,7 @@ def simulate(
     engine.run()
     wall = time.perf_counter() - t0
     summary = summarize(engine, spec.get("name", "custom"), engine.scheduler.name, wall)
-    return SimResult(summary, request_table(engine), engine.iteration_log(), engine, setup)
+    return SimResult(summary, request_table(engine), engine.iteration_log(), engine, setup, spec)
 
 
 def what_runs(scenario: str | dict, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -143,10 +143,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                       log_batches=args.log_batches)
     s = result.summary
     if args.reference:
-        from llmsched_gym.core.scenarios import get_scenario
         from llmsched_gym.reproduce.report import add_reference_metrics
 
-        add_reference_metrics(s, get_scenario(args.scenario, sets))
+        add_reference_metrics(s, result.scenario)  # the scenario simulate() checked and ran
         if not any(k in s for k in ("ratio_to_fluid", "ratio_to_opt")):
             print("reference: none applies (the fluid bound needs a typed workload; the optimum a small "
                   "round-mode run that completed every request)", file=sys.stderr)
