@@ -533,3 +533,41 @@ def test_random_workload_overrides_build_or_raise_config_error(overrides, seed):
         build_scenario(get_scenario("jaillet-low", {"workload.n_requests": 20, **overrides}), seed)
     except ConfigError as e:
         assert "\n" not in str(e) and str(e)
+
+
+# ---------------------------------------------------------------------------------------------
+# one check per scenario on the way to the engine
+
+
+def test_a_scenario_is_checked_once_on_its_way_to_the_engine(monkeypatch):
+    import llmsched_gym.config as config_mod
+    import llmsched_gym.core.scenarios as scenarios_mod
+    from llmsched_gym.env.llmsched_env import LLMSchedEnv
+    from llmsched_gym.sim import simulate
+
+    calls = []
+    real = config_mod.check_scenario
+
+    def counting(spec):
+        calls.append(spec.get("description"))
+        return real(spec)
+
+    monkeypatch.setattr(scenarios_mod, "check_scenario", counting)
+    simulate("jaillet-low", "fcfs", 0, {"workload.n_requests": 5})
+    assert calls == [SCENARIOS["jaillet-low"]["description"]]
+    calls.clear()
+    env = LLMSchedEnv("jaillet-low", n_requests=5)
+    env.reset(seed=0)
+    env.reset(seed=1)
+    assert calls == [SCENARIOS["jaillet-low"]["description"]]  # at construction, not at every reset
+
+
+def test_a_checked_engine_config_is_checked_again_only_when_a_field_changed():
+    c = EngineConfig.checked({"kv_capacity_tokens": 100, "block_size": 16})
+    c.validate()
+    c.block_size = "16"
+    with pytest.raises(ConfigError, match=r"^engine.block_size: expected an integer >= 1, got '16'$"):
+        c.validate()
+    # the capacity a section leaves to its default is still held against the block size
+    with pytest.raises(ConfigError, match=r"^engine.kv_capacity_tokens: 118784 is less than one block"):
+        EngineConfig.checked({"block_size": 200_000})
