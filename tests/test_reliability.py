@@ -39,6 +39,7 @@ from llmsched_gym.core import workload as W
 from llmsched_gym.core.request import MAX_TOKENS, WorkloadError
 from llmsched_gym.core.scenarios import get_scenario
 from llmsched_gym.core.traces import TraceError, load_azure
+from llmsched_gym.core.workload import spec
 
 # ---------------------------------------------------------------------------------------------
 # paths
@@ -229,9 +230,9 @@ def test_round_count_and_gamma_parameters_are_bounded():
 def test_binomial_round_counts_beyond_float_range_of_comb_are_exact_enough():
     from scipy.stats import binom
 
-    exact = W._Builder._pmf({"dist": "binomial", "B": 1000, "p": 0.3})
+    exact = spec._Builder._pmf({"dist": "binomial", "B": 1000, "p": 0.3})
     np.testing.assert_allclose(exact, binom.pmf(np.arange(1001), 1000, 0.3), rtol=1e-9, atol=1e-15)
-    big = W._Builder._pmf({"dist": "binomial", "B": 2000, "p": 0.5})  # math.comb(2000, c) overflows a float
+    big = spec._Builder._pmf({"dist": "binomial", "B": 2000, "p": 0.5})  # math.comb(2000, c) overflows a float
     assert len(big) == 2001 and math.isclose(big.sum(), 1.0) and int(np.argmax(big)) == 1000
     wl = W.build_workload({"arrival": {"type": "round_counts", "dist": "binomial", "B": 2000, "p": 0.5},
                            "n_requests": 200, "prompt": 5, "output": 5}, 0)

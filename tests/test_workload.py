@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from llmsched_gym.core import workload as W
 from llmsched_gym.core.request import OFFLINE, ONLINE, WorkloadError
+from llmsched_gym.core.workload import structured
 
 RICH_SPEC = {
     "n_requests": 500,
@@ -24,7 +25,7 @@ RICH_SPEC = {
 
 
 def _rows(wl: W.Workload) -> dict:
-    return {name: getattr(wl, name) for name in W._ROW_ARRAYS} | {"prefix": wl.prefix}
+    return {name: getattr(wl, name) for name in structured._ROW_ARRAYS} | {"prefix": wl.prefix}
 
 
 # --- determinism --------------------------------------------------------------------------------

@@ -174,7 +174,9 @@ def build_scenario(spec: dict[str, Any], seed: int, checked: bool = False) -> tu
 def _explicit_predictor(workload: Workload, spec: Any, seed: int) -> Workload:
     """``workload.predictor`` beside ``explicit`` arrays: the predictor's lengths replace any
     explicit ``predicted_output`` and its information model goes into ``meta``."""
-    from llmsched_gym.core.workload import _PREDICTORS, _field, _typed, information_of_predictor, predict
+    from llmsched_gym.core.information import information_of_predictor
+    from llmsched_gym.core.workload.predictors import _PREDICTORS, predict
+    from llmsched_gym.core.workload.spec import _field, _typed
 
     kind, p = _typed(spec, "predictor", _PREDICTORS)
     with _field("predictor"):

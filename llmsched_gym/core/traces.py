@@ -49,8 +49,9 @@ from pathlib import Path
 
 import numpy as np
 
-from llmsched_gym.core import workload as wlgen
 from llmsched_gym.core.request import MAX_ARRIVAL_S, MAX_TOKENS, Segments, Workload
+from llmsched_gym.core.workload.arrivals import gamma, poisson
+from llmsched_gym.core.workload.lengths import lognormal
 
 FORMATS = ("azure", "vtc", "csv", "jsonl", "sharegpt")
 DEFAULT_FILES = {"azure": "AzureLLMInferenceTrace_conv.csv", "vtc": "vtc_arena_real_trace.csv"}
@@ -466,7 +467,7 @@ _PARSED: dict[tuple, Workload] = {}
 
 def read_column(path: str | os.PathLike, column: str) -> np.ndarray:
     """One integer column of a CSV file (e.g. ``ContextTokens`` of the Azure trace) as an array,
-    for :func:`~llmsched_gym.core.workload.empirical`. ``path`` is resolved with
+    for :func:`~llmsched_gym.core.workload.lengths.empirical`. ``path`` is resolved with
     :func:`llmsched_gym.data.resolve_data` (a path, or a known trace's name)."""
     from llmsched_gym import data
 
@@ -523,7 +524,7 @@ def synthetic_azure_conv(seed: int, n: int = 19366) -> Workload:
     14050; output 211 / 129 / 424 / 601 / 1000) within sampling noise.
     """
     rng = np.random.default_rng(seed)
-    arrival = wlgen.gamma(5.53, 1.0 / math.sqrt(0.87), n=n, rng=rng)
+    arrival = gamma(5.53, 1.0 / math.sqrt(0.87), n=n, rng=rng)
     q = np.array(_AZURE_CONV_Q)
     prompt = np.rint(np.interp(rng.random(n), q, _AZURE_CONV_INPUT)).astype(np.int64)
     output = np.rint(np.interp(rng.random(n), q, _AZURE_CONV_OUTPUT)).astype(np.int64)
@@ -535,11 +536,11 @@ def synthetic_vtc_arena(seed: int, n: int = 1500) -> Workload:
     shares (1/rank), Poisson arrivals at 2.5/s (1,500 requests over about 600 s), lognormal lengths
     with the trace's means (prompt 136, output 256 tokens; medians 70 and 200 are our choice)."""
     rng = np.random.default_rng(seed)
-    arrival = wlgen.poisson(2.5, n=n, rng=rng)
+    arrival = poisson(2.5, n=n, rng=rng)
     share = 1.0 / np.arange(1, 28)
     client = rng.choice(27, size=n, p=share / share.sum())
-    prompt = wlgen.lognormal(136, 70, n, rng, max_tokens=2048)
-    output = wlgen.lognormal(256, 200, n, rng, max_tokens=1024)
+    prompt = lognormal(136, 70, n, rng, max_tokens=2048)
+    output = lognormal(256, 200, n, rng, max_tokens=1024)
     return Workload(arrival, prompt, output, client=client, client_weight=np.ones(27),
                     meta={"format": "vtc", "source": "synthetic", "seed": seed})
 
