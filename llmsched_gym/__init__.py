@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import llmsched_gym.backends.gpu  # noqa: F401  (registers the gpu:MODEL latency model; torch stays lazy)
+import llmsched_gym.core.profile  # noqa: F401  (registers the vidur: and profile: latency models)
 from llmsched_gym.env import register_envs
 
 __version__ = "0.1.0"

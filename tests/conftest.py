@@ -61,14 +61,14 @@ def ray_local():
 def clone(tmp_path, monkeypatch):
     """A fresh user: an empty cache, no ../shared, no $LLMSCHED_TRACES, no fallback said yet."""
     from llmsched_gym import data
-    from llmsched_gym.core import latency
+    from llmsched_gym.core.latency import calibrated
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("LLMSCHED_DATA", str(cache))
     monkeypatch.delenv("LLMSCHED_TRACES", raising=False)
     monkeypatch.setattr(data, "shared_roots", lambda: [])
     monkeypatch.setattr(data, "_NOTIFIED", set())
-    monkeypatch.setattr(latency, "_NOTIFIED", set())
+    monkeypatch.setattr(calibrated, "_NOTIFIED", set())
     return cache
 
 

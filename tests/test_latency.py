@@ -370,3 +370,18 @@ def test_list_latency_presets_build():
         assert make_latency(name).name == name or make_latency(name).name.split(":")[0] == name.split(":")[0]
     assert all(isinstance(v, str) and v for v in presets.values())
     assert not any(math.isnan(make_latency(n).batch_time(1, 1, 1, 1, 1)) for n in concrete)
+
+
+def test_gpu_executor_shapes_are_the_core_model_specs():
+    """One table of Llama shapes: the GPU executor's presets are built from core.models.MODELS, and
+    the parameter count its shape implies matches the published count the roofline uses (0.05%)."""
+    from llmsched_gym.backends.gpu.config import PRESETS
+    from llmsched_gym.core.models import MODELS
+
+    for name in ("llama-2-7b", "llama-3-8b", "llama-3.2-1b"):
+        cfg, spec = PRESETS[name], MODELS[name]
+        assert (cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn, cfg.vocab) == (
+            spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.ffn, spec.vocab)
+        assert cfg.kv_bytes_per_token() == spec.kv_bytes_per_token
+        assert abs(cfg.n_params() / spec.params - 1) < 5e-4
+    assert PRESETS["llama-3.2-1b"].tie_embeddings and not PRESETS["llama-3-8b"].tie_embeddings

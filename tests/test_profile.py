@@ -15,15 +15,15 @@ from hypothesis import strategies as st
 
 from llmsched_gym import data
 from llmsched_gym.cli import main
-from llmsched_gym.core import latency as latency_mod
 from llmsched_gym.core import profile as prof_mod
 from llmsched_gym.core.latency import (
     CALIBRATED_PRESETS,
-    LATENCY_PLUGINS,
+    LATENCY_KINDS,
     CalibratedLatency,
     LatencyModel,
     RooflineLatency,
     TableLatency,
+    calibrated,
     make_latency,
     register_latency,
 )
@@ -178,7 +178,7 @@ def test_profile_errors_name_the_field(tmp_path: Path, vidur_dir: Path, capsys):
 def test_vidur_names_resolve_through_the_data_cache_or_fall_back(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.setattr(data, "shared_roots", lambda: [])
     monkeypatch.setenv("LLMSCHED_DATA", str(tmp_path / "cache"))
-    monkeypatch.setattr(latency_mod, "_NOTIFIED", set())
+    monkeypatch.setattr(calibrated, "_NOTIFIED", set())
     # not found: the scenarios' stand-in is the roofline calibrated on that profile, said once
     assert make_latency("vidur:a100/llama-2-7b").name == "calibrated:llama-2-7b/a100"
     assert make_latency("vidur:A100/llama-2-7b").name == "calibrated:llama-2-7b/a100"
@@ -208,11 +208,12 @@ def test_latency_registry_and_core_imports_no_plugin():
     register_latency("twice", Twice, "test model")
     try:
         assert make_latency("twice:3").batch_time(1, 1, 1, 0, 0) == 6.0
-        assert "gpu" in LATENCY_PLUGINS  # the GPU back-end registered itself when llmsched_gym was imported
+        assert "gpu" in LATENCY_KINDS  # the GPU back-end registered itself when llmsched_gym was imported
+        assert {"vidur", "profile"} <= set(LATENCY_KINDS)  # and core.profile its two kinds
     finally:
-        LATENCY_PLUGINS.pop("twice")
+        LATENCY_KINDS.pop("twice")
     core = Path(prof_mod.__file__).parent
-    for f in core.glob("*.py"):
+    for f in core.rglob("*.py"):  # core/ and its packages (latency/, workload/)
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom | ast.Import):
                 names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]

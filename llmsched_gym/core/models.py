@@ -39,6 +39,9 @@ class ModelSpec:
     :param ffn: MLP intermediate width.
     :param params: parameter count (embeddings and LM head included).
     :param dtype_bytes: bytes per weight and per KV element (2 for fp16/bf16).
+    :param vocab: vocabulary size; ``rope_theta`` the RoPE base; ``tie_embeddings`` whether the LM
+        head reuses the embedding matrix (Llama-3.2-1B). Only the real-GPU executor
+        (:mod:`llmsched_gym.backends.gpu`) builds the model from them; ``params`` is the published count.
     """
 
     name: str
@@ -50,6 +53,9 @@ class ModelSpec:
     ffn: int
     params: float
     dtype_bytes: int = 2
+    vocab: int = 32000
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -104,9 +110,12 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("Llama-2-7B", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008, params=6.738e9),
         ModelSpec("Llama-2-13B", layers=40, hidden=5120, heads=40, kv_heads=40, head_dim=128, ffn=13824, params=13.016e9),
         ModelSpec("Llama-2-70B", layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28672, params=68.977e9),
-        ModelSpec("Llama-3-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, params=8.030e9),
-        ModelSpec("Llama-3.1-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, params=8.030e9),
-        ModelSpec("Llama-3.2-1B", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192, params=1.236e9),
+        ModelSpec("Llama-3-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, params=8.030e9,
+                  vocab=128256, rope_theta=500000.0),
+        ModelSpec("Llama-3.1-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, params=8.030e9,
+                  vocab=128256, rope_theta=500000.0),
+        ModelSpec("Llama-3.2-1B", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192, params=1.236e9,
+                  vocab=128256, rope_theta=500000.0, tie_embeddings=True),
     )
 }
 

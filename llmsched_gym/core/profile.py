@@ -43,7 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llmsched_gym.core.latency import LatencyModel, SummedLatency, _Curve
+from llmsched_gym.core.latency.base import LatencyModel, by_name, register_latency
+from llmsched_gym.core.latency.calibrated import calibrated_fallback
+from llmsched_gym.core.latency.roofline import SummedLatency
+from llmsched_gym.core.latency.table import Curve
 from llmsched_gym.core.models import GPUS, MODELS, GPUSpec, ModelSpec, get_gpu, get_model
 
 VIDUR_LAYER_OPS = (
@@ -353,7 +356,7 @@ class ProfileLatency(SummedLatency):
             mbu = profile.stream_mbu
         super().__init__(profile.model, replace(profile.gpu, count=profile.tp), mfu, mbu, overhead_s)
         mono = monotone(profile.seconds)
-        self._linear = _Curve({float(x): [float(t)] for x, t in zip(profile.tokens, mono, strict=True)})
+        self._linear = Curve({float(x): [float(t)] for x, t in zip(profile.tokens, mono, strict=True)})
         # Past the largest measured batch, extend with the slope over its upper half (the
         # compute-bound regime), not the last segment's, which pooling may have flattened.
         half = int(np.searchsorted(profile.tokens, profile.tokens[-1] / 2))
@@ -425,3 +428,13 @@ def profile_to_rows(model: LatencyModel, prefill_tokens: tuple[int, ...] = (1, 1
     rows = [(p, p, 1, 0, 0, model.batch_time(p, p, 1, 0, 0)) for p in prefill_tokens]
     rows += [(0, 0, 0, n, n * c, model.batch_time(0, 0, 0, n, n * c)) for n in n_decode for c in ctx_per_seq]
     return rows
+
+
+register_latency("vidur", lambda rest: load_profile_model("vidur", rest, calibrated_fallback) if rest else None, "",
+                 from_dict=by_name("vidur"), listing={"vidur:GPU/MODEL[,tp=N]": (
+                     "measured linear part (Vidur's profiles: GPU a100, h100, a40; MODEL llama-2-7b, llama-2-70b, "
+                     "llama-3-8b) + attention and all-reduce from FLOPs and bytes; stands in with calibrated:MODEL/GPU "
+                     "when not found")})
+register_latency("profile", lambda rest: load_profile_model("profile", rest, calibrated_fallback) if rest else None,
+                 "", from_dict=by_name("profile"),
+                 listing={"profile:PATH_OR_DIR[,tp=N]": "the same from a Vidur-format mlp.csv (or its folder)"})

@@ -9,11 +9,15 @@ Importing this package is cheap: torch is imported only when an executor is buil
 See README.md in this folder.
 """
 
+from __future__ import annotations
+
 from llmsched_gym.backends.gpu.config import PRESETS, LlamaConfig, get_config
 from llmsched_gym.core.latency import LatencyModel, register_latency
 
 
-def _gpu_latency(model: str) -> LatencyModel:
+def _gpu_latency(model: str) -> LatencyModel | None:
+    if not model:  # a bare 'gpu' names no model
+        return None
     # imports torch; nondeterministic, never fast-forwarded
     from llmsched_gym.backends.gpu.backend import GPULatency
 

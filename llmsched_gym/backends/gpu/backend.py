@@ -22,18 +22,7 @@ import numpy as np
 from llmsched_gym.backends.gpu.config import LlamaConfig, get_config
 from llmsched_gym.backends.gpu.executor import DecodeEntry, LlamaExecutor, PrefillEntry
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.latency import LatencyModel
-
-PROFILE_COLUMNS = (
-    "prefill_tokens",
-    "prefill_ctx_tokens",
-    "n_prefill",
-    "n_decode",
-    "decode_ctx_tokens",
-    "time_s",
-)
-"""Header of ``profile.csv`` (the table model's contract): one row per measured batch."""
-
+from llmsched_gym.core.latency import PROFILE_COLUMNS, LatencyModel, TableLatency
 
 CPU_MODELS = ("tiny",)
 """Presets that run on the CPU without asking (a toy shape for tests); any other needs a GPU, or
@@ -451,11 +440,8 @@ def fit_affine(rows: list[tuple]) -> AffineLatency:
 
 
 def load_table(profile_path: Path) -> tuple[LatencyModel | None, str | None]:
-    """The table model of ``profile.csv``, or why it is unavailable."""
-    try:
-        from llmsched_gym.core.latency import TableLatency  # type: ignore[attr-defined]
-    except ImportError:
-        return None, "llmsched_gym.core.latency.TableLatency is not available"
+    """The table model of ``profile.csv`` (:data:`~llmsched_gym.core.latency.PROFILE_COLUMNS`), and
+    None where ``calibration.json`` says why a table model is missing (it never is now)."""
     return TableLatency.from_csv(profile_path), None
 
 

@@ -1,12 +1,15 @@
 """Llama-architecture model shapes for the real-GPU executor (no weights, no tokenizer).
 
-Shapes follow the models' published configs (Hugging Face ``config.json``). ``tiny`` is a
-toy shape for CPU tests.
+The shapes are :data:`llmsched_gym.core.models.MODELS`' (the models' published configs, Hugging Face
+``config.json``), the same numbers the roofline and KV-capacity formulas use. ``tiny`` is a toy shape
+for CPU tests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from llmsched_gym.core.models import MODELS, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,12 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     tie_embeddings: bool = False
 
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> LlamaConfig:
+        """The executor's shape of a :class:`~llmsched_gym.core.models.ModelSpec` (named in lower case)."""
+        return cls(spec.name.lower(), spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.head_dim, spec.ffn,
+                   spec.vocab, rope_theta=spec.rope_theta, tie_embeddings=spec.tie_embeddings)
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V bytes one token occupies over all layers."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes
@@ -61,11 +70,7 @@ class LlamaConfig:
 PRESETS: dict[str, LlamaConfig] = {
     c.name: c
     for c in (
-        LlamaConfig("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000),
-        LlamaConfig("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, rope_theta=500000.0),
-        LlamaConfig(
-            "llama-3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, rope_theta=500000.0, tie_embeddings=True
-        ),
+        *(LlamaConfig.from_spec(MODELS[name]) for name in ("llama-2-7b", "llama-3-8b", "llama-3.2-1b")),
         LlamaConfig("tiny", 2, 128, 4, 2, 32, 256, 1000),
     )
 }
