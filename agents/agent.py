@@ -249,7 +249,7 @@ def vecnormalize_path(model_path: Path) -> Path:
 def run_episode(agent: Agent, env: Any, seed: int, deterministic: bool = True
                 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Play one whole episode on workload ``seed``; returns (summary, requests, iterations)."""
-    from llmsched_gym.core.metrics import request_table
+    from llmsched_gym.core.records import request_table
 
     base = env.unwrapped
     obs, info = env.reset(seed=seed)

@@ -11,7 +11,8 @@ import numpy as np
 from llmsched_gym.config import explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.information import information_of
-from llmsched_gym.core.metrics import request_table, summarize
+from llmsched_gym.core.metrics import summarize
+from llmsched_gym.core.records import request_table
 from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
 from llmsched_gym.core.scheduler import Scheduler
 

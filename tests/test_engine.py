@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from baselines import make_policy
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.latency import LinearKVLatency, UnitLatency, make_latency
-from llmsched_gym.core.metrics import request_table, summarize
+from llmsched_gym.core.metrics import summarize
+from llmsched_gym.core.records import request_table
 from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scheduler import BatchPlan, PlanError, Scheduler
 from llmsched_gym.sim import simulate

@@ -73,7 +73,7 @@ class _Records:
 
     def __init__(self, run: Run) -> None:
         from llmsched_gym.core.engine import Engine
-        from llmsched_gym.core.metrics import request_table
+        from llmsched_gym.core.records import request_table
 
         if isinstance(run, Engine):
             self.requests, self.engine = request_table(run), run

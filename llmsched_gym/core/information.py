@@ -57,7 +57,8 @@ def information_of_predictor(kind: str | None) -> str:
 
 
 def information_of(obj: Any) -> str:
-    """The information model of a scenario (name, file or dict), a workload spec, or a workload.
+    """The information model of a scenario (its dict; :func:`~llmsched_gym.core.scenarios.get_scenario`
+    turns a name or file into one), a workload spec, or a workload.
 
     >>> information_of({"workload": {"trace": {"format": "azure"}, "predictor": {"type": "none"}}})
     'blind'
@@ -73,10 +74,6 @@ def information_of(obj: Any) -> str:
     if isinstance(obj, Workload):
         info = obj.meta.get("information", CLAIRVOYANT)
         return info if info in INFORMATION_MODELS else CLAIRVOYANT
-    if isinstance(obj, str):
-        from llmsched_gym.core.scenarios import get_scenario
-
-        obj = get_scenario(obj)
     if not isinstance(obj, dict):
         raise ConfigError(f"information: expected a scenario, a workload spec or a Workload, got {obj!r}")
     spec = obj.get("workload", obj)
