@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llmsched_gym.core.fairness import fairness_report
 from llmsched_gym.core.information import information_of
 
 if TYPE_CHECKING:
@@ -126,27 +127,32 @@ def jain_index(x: np.ndarray) -> float:
 
 
 def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s: float = 0.0) -> dict[str, Any]:
-    """The run summary (the keys are listed in the README)."""
+    """The run summary (the keys are listed in the README): what ran, request counts and rates,
+    latency statistics, memory and work, the ``vllm bench serve`` view, and, when the workload has
+    them, SLO attainment, fairness across clients and the prefix cache's hit rate."""
     wl = engine.workload
-    state = engine.state
-    n_arrived = int(np.count_nonzero(state != 0))
-    n_completed = int(np.count_nonzero(state == 3))
-    n_rejected = int(np.count_nonzero(state == 4))
-    n_unfinished = int(np.count_nonzero((state == 1) | (state == 2)))
-    done = state == 3
-    arr = wl.arrival_s
-    e2e = (engine.completion_s - arr)[done]
-    ttft = (engine.first_token_s - arr)[done]
-    out = wl.output_tokens
-    multi = done & (out > 1)
-    tpot = ((engine.completion_s - engine.first_token_s) / np.maximum(out - 1, 1))[multi]
-    qd = (engine.first_scheduled_s - arr)[done]
-    t_end = engine.clock
-    t0 = float(arr[0]) if len(arr) else 0.0
-    span = max(t_end - t0, 1e-12)
-    completed_tokens = int(out[done].sum())
-    cap = engine.kv.capacity_tokens
+    t0 = float(wl.arrival_s[0]) if len(wl.arrival_s) else 0.0
+    span = max(engine.clock - t0, 1e-12)
     s: dict[str, Any] = {
+        **_what_ran(engine, scenario, policy),
+        **_counts_and_rates(engine, span, wall_time_s),
+        **_latencies(engine),
+        **_memory_and_work(engine, span),
+        "serving": serving_metrics(engine, span),
+    }
+    if wl.has_slo:
+        s.update(_slo(engine, span))
+        s["serving"]["request_goodput"] = s["goodput_requests_per_s"]
+    if wl.n_clients > 1:
+        s["fairness"] = _fairness(engine)
+    if wl.has_prefix:
+        s.update(_prefix_cache(engine))
+    return s
+
+
+def _what_ran(engine: Engine, scenario: str, policy: str) -> dict[str, Any]:
+    wl = engine.workload
+    return {
         "scenario": scenario,
         "policy": policy,
         "seed": engine.seed,
@@ -159,22 +165,48 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         "latency_model": str(getattr(engine.latency, "name", type(engine.latency).__name__)),
         # what the policy knew about output lengths: clairvoyant, predicted or blind
         "information": information_of(wl),
-        "n_arrived": n_arrived,
+    }
+
+
+def _counts_and_rates(engine: Engine, span: float, wall_time_s: float) -> dict[str, Any]:
+    state = engine.state
+    n_completed = int(np.count_nonzero(state == 3))
+    completed_tokens = int(engine.workload.output_tokens[state == 3].sum())
+    return {
+        "n_arrived": int(np.count_nonzero(state != 0)),
         "n_completed": n_completed,
-        "n_rejected": n_rejected,
-        "n_unfinished": n_unfinished,
+        "n_rejected": int(np.count_nonzero(state == 4)),
+        "n_unfinished": int(np.count_nonzero((state == 1) | (state == 2))),
         "n_not_arrived": int(np.count_nonzero(state == 0)),
-        "sim_time_s": float(t_end),
+        "sim_time_s": float(engine.clock),
         "wall_time_s": float(wall_time_s),
         "iterations": int(engine.n_iterations),
         "throughput_tokens_per_s": float(engine.total_decoded / span),
         "completed_output_tokens_per_s": float(completed_tokens / span),
         "requests_per_s": float(n_completed / span),
+    }
+
+
+def _latencies(engine: Engine) -> dict[str, Any]:
+    """Statistics of the completed requests' end-to-end latency, TTFT, TPOT and queueing delay."""
+    wl = engine.workload
+    done = engine.state == 3
+    arr, out = wl.arrival_s, wl.output_tokens
+    e2e = (engine.completion_s - arr)[done]
+    multi = done & (out > 1)
+    return {
         "e2e_s": _stats(e2e),
-        "ttft_s": _stats(ttft),
-        "tpot_s": _stats(tpot),
-        "queue_delay_s": _stats(qd),
+        "ttft_s": _stats((engine.first_token_s - arr)[done]),
+        "tpot_s": _stats(((engine.completion_s - engine.first_token_s) / np.maximum(out - 1, 1))[multi]),
+        "queue_delay_s": _stats((engine.first_scheduled_s - arr)[done]),
         "total_latency_s": float(e2e.sum()),
+    }
+
+
+def _memory_and_work(engine: Engine, span: float) -> dict[str, Any]:
+    """KV use, busy time, preemptions and token counts, and why the run stopped."""
+    cap = engine.kv.capacity_tokens
+    return {
         "kv_capacity_tokens": int(cap),
         "kv_peak_frac": float(engine.kv_peak_blocks * engine.kv.block_size / cap),
         "kv_mean_frac": float(engine.kv_time_integral * engine.kv.block_size / cap / span),
@@ -189,53 +221,63 @@ def summarize(engine: Engine, scenario: str = "", policy: str = "", wall_time_s:
         "prefill_tokens": int(engine.total_prefill_tokens),
         "non_terminating": bool(engine.non_terminating),
         "stop_reason": engine.stop_reason,
-        "serving": serving_metrics(engine, span),
     }
-    if wl.has_slo:
-        has = done & (np.isfinite(wl.ttft_slo_s) | np.isfinite(wl.tpot_slo_s))
-        ok_ttft = (engine.first_token_s - arr) <= wl.ttft_slo_s
-        tp = np.where(out > 1, (engine.completion_s - engine.first_token_s) / np.maximum(out - 1, 1), 0.0)
-        ok = ok_ttft & (tp <= wl.tpot_slo_s)
-        with_slo = (np.isfinite(wl.ttft_slo_s) | np.isfinite(wl.tpot_slo_s)) & (state != 0)
-        n_slo = int(np.count_nonzero(with_slo))
-        n_ok = int(np.count_nonzero(has & ok))
-        s["slo_attainment"] = float(n_ok / n_slo) if n_slo else math.nan
-        s["goodput_requests_per_s"] = float(n_ok / span)
-        s["serving"]["request_goodput"] = float(n_ok / span)
-        by_class = {}
-        for cls, name in ((0, "online"), (1, "offline")):
-            m = (wl.task_class == cls) & (state != 0)
-            if m.any():
-                dm = m & done
-                by_class[name] = {
-                    "n": int(m.sum()),
-                    "completed": int(dm.sum()),
-                    "throughput_tokens_per_s": float(out[dm].sum() / span),
-                    "slo_attainment": float(np.count_nonzero(dm & ok & with_slo) / max(1, np.count_nonzero(m & with_slo)))
-                    if np.any(m & with_slo) else None,
-                }
-        s["by_class"] = by_class
-    if wl.n_clients > 1:
-        svc = client_service(engine)
-        active = np.bincount(wl.client[state != 0], minlength=wl.n_clients) > 0
-        sv = svc[active] / wl.client_weight[active]
-        from llmsched_gym.core.fairness import fairness_report
 
-        # end-of-run totals (equal for every policy that completes everything), then Sheng et al.'s
-        # over-time view: the largest accumulated gap, the per-tick difference and service curves
-        s["fairness"] = {
-            "max_service_diff": float(sv.max() - sv.min()) if len(sv) else 0.0,
-            "avg_service_diff": float(np.mean(np.abs(sv - sv.mean()))) if len(sv) else 0.0,
-            "jain": jain_index(sv),
-            "service_per_client": [float(v) for v in svc],
-            **fairness_report(engine, n_times=50),
-        }
-    if wl.has_prefix:
-        # per cache lookup: every admission (a re-admission after a preemption looks up again) of a
-        # request that started; requests still queued never asked the cache
-        started = np.isfinite(engine.first_scheduled_s)
-        looked_up = int((wl.prompt_tokens[started] * (1 + engine.preemptions[started])).sum())
-        s["prefix_hit_rate"] = float(engine.cached_tokens.sum() / looked_up) if looked_up else 0.0
-        s["prefix_hit_tokens"] = int(engine.cached_tokens.sum())
-        s["prefix_evicted_blocks"] = int(engine.kv.evicted_blocks)
-    return s
+
+def _slo(engine: Engine, span: float) -> dict[str, Any]:
+    """SLO attainment and goodput (Wang et al. 2025), overall and per task class."""
+    wl = engine.workload
+    state = engine.state
+    done = state == 3
+    arr, out = wl.arrival_s, wl.output_tokens
+    has = done & (np.isfinite(wl.ttft_slo_s) | np.isfinite(wl.tpot_slo_s))
+    ok_ttft = (engine.first_token_s - arr) <= wl.ttft_slo_s
+    tp = np.where(out > 1, (engine.completion_s - engine.first_token_s) / np.maximum(out - 1, 1), 0.0)
+    ok = ok_ttft & (tp <= wl.tpot_slo_s)
+    with_slo = (np.isfinite(wl.ttft_slo_s) | np.isfinite(wl.tpot_slo_s)) & (state != 0)
+    n_slo = int(np.count_nonzero(with_slo))
+    n_ok = int(np.count_nonzero(has & ok))
+    by_class = {}
+    for cls, name in ((0, "online"), (1, "offline")):
+        m = (wl.task_class == cls) & (state != 0)
+        if m.any():
+            dm = m & done
+            by_class[name] = {
+                "n": int(m.sum()),
+                "completed": int(dm.sum()),
+                "throughput_tokens_per_s": float(out[dm].sum() / span),
+                "slo_attainment": float(np.count_nonzero(dm & ok & with_slo) / max(1, np.count_nonzero(m & with_slo)))
+                if np.any(m & with_slo) else None,
+            }
+    return {"slo_attainment": float(n_ok / n_slo) if n_slo else math.nan,
+            "goodput_requests_per_s": float(n_ok / span), "by_class": by_class}
+
+
+def _fairness(engine: Engine) -> dict[str, Any]:
+    """End-of-run service totals across clients (equal for every policy that completes everything),
+    then Sheng et al. 2024's over-time view: the largest accumulated gap, the per-tick difference and
+    service curves (:func:`~llmsched_gym.core.fairness.fairness_report`)."""
+    wl = engine.workload
+    svc = client_service(engine)
+    active = np.bincount(wl.client[engine.state != 0], minlength=wl.n_clients) > 0
+    sv = svc[active] / wl.client_weight[active]
+    return {
+        "max_service_diff": float(sv.max() - sv.min()) if len(sv) else 0.0,
+        "avg_service_diff": float(np.mean(np.abs(sv - sv.mean()))) if len(sv) else 0.0,
+        "jain": jain_index(sv),
+        "service_per_client": [float(v) for v in svc],
+        **fairness_report(engine, n_times=50),
+    }
+
+
+def _prefix_cache(engine: Engine) -> dict[str, Any]:
+    """Prefix-cache hits per cache lookup: every admission (a re-admission after a preemption looks
+    up again) of a request that started; requests still queued never asked the cache."""
+    wl = engine.workload
+    started = np.isfinite(engine.first_scheduled_s)
+    looked_up = int((wl.prompt_tokens[started] * (1 + engine.preemptions[started])).sum())
+    return {
+        "prefix_hit_rate": float(engine.cached_tokens.sum() / looked_up) if looked_up else 0.0,
+        "prefix_hit_tokens": int(engine.cached_tokens.sum()),
+        "prefix_evicted_blocks": int(engine.kv.evicted_blocks),
+    }
