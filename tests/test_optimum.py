@@ -13,11 +13,6 @@ from hypothesis import strategies as st
 
 from llmsched_gym.optimum import (
     Instance,
-    adversarial_bounds,
-    adversarial_deterministic,
-    adversarial_ratio_lower_bound,
-    adversarial_wait_schedule,
-    adversarial_yao,
     algorithm1_schedule,
     is_feasible,
     lp_bound,
@@ -28,6 +23,13 @@ from llmsched_gym.optimum import (
     solve_ip,
     solve_optimum,
     total_latency,
+)
+from llmsched_gym.reproduce.adversarial import (
+    adversarial_bounds,
+    adversarial_deterministic,
+    adversarial_ratio_lower_bound,
+    adversarial_wait_schedule,
+    adversarial_yao,
 )
 
 CE_A = Instance.semi_online([4, 4, 5, 5], s=1, M=10, convention="A")

@@ -120,7 +120,7 @@ def test_wait_report_replays_example2_deterministically():
 
 @pytest.mark.skipif("mcsf" not in available(), reason="policy mcsf not registered")
 def test_mcsf_ratio_on_thm62_instances_grows_with_m_above_the_paper_bound():
-    from llmsched_gym.optimum import adversarial_ratio_lower_bound
+    from llmsched_gym.reproduce.adversarial import adversarial_ratio_lower_bound
     from llmsched_gym.reproduce.jaillet import adversarial_mcsf_ratios
 
     Ms = [40, 160, 640, 2560]

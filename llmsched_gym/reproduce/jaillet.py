@@ -191,10 +191,11 @@ def mcsf_ratios(n_instances: int, n: int = 8, seed: int = 0) -> list[float]:
 
 def adversarial_mcsf_ratios(eps: float, Ms: list[int]) -> list[float]:
     """MC-SF's TEL (engine, round mode) over the TEL of Thm 6.2's offline strategy A3 on the
-    :func:`~llmsched_gym.optimum.adversarial_deterministic` instance for each ``M`` (MC-SF starts
+    :func:`~llmsched_gym.reproduce.adversarial.adversarial_deterministic` instance for each ``M`` (MC-SF starts
     the lone long request at round 0, so the adversary's ``t' = 0``). A3's TEL bounds OPT above,
     so each value is a lower bound on MC-SF's ratio to the optimum."""
-    from llmsched_gym.optimum import adversarial_deterministic, adversarial_wait_schedule, total_latency
+    from llmsched_gym.optimum import total_latency
+    from llmsched_gym.reproduce.adversarial import adversarial_deterministic, adversarial_wait_schedule
     from llmsched_gym.reproduce.report import paper_tel, round_mode_scenario
     from llmsched_gym.sim import simulate
 
@@ -334,7 +335,7 @@ def _loop_scan_row(d: Demand, scan: dict[str, Any] | None) -> Row:
 def _optimum_rows(quick: bool) -> list[Row]:
     """The optimum references: the IP against exhaustive search, MC-SF's ratio to the optimum on
     random small instances and on the Thm 6.2 instances, and the Thm 6.2 bound itself."""
-    from llmsched_gym.optimum import adversarial_ratio_lower_bound
+    from llmsched_gym.reproduce.adversarial import adversarial_ratio_lower_bound
 
     rows = []
     agree, total = ip_vs_exhaustive(10 if quick else 50)
