@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -466,6 +467,47 @@ def calibrate(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rid = iter(range(10**9))
+    profile, skipped = _profile_rows(executor, grid, rid)
+    profile_path = out / "profile.csv"
+    _write_rows(profile_path, profile)
+    heldout = _heldout_rows(executor, grid, rid)
+    _write_rows(out / "heldout.csv", heldout)
+
+    affine = fit_affine(profile)
+    table, table_skipped = load_table(profile_path)
+    held = np.array(heldout, dtype=np.float64)
+
+    def mape(m: LatencyModel) -> float:
+        pred = np.array([m.batch_time(*(int(v) for v in row[:5])) for row in held])
+        return float(np.mean(np.abs(pred / held[:, 5] - 1.0)))
+
+    # several times the last-level cache on either device, without taking much of the CPU's memory
+    bandwidth = measure_copy_bandwidth(str(executor.device), 2**30 if executor.is_cuda else 2**27)
+    summary = {
+        "model": cfg.name,
+        "device": str(executor.device),
+        "dtype": str(executor.dtype).removeprefix("torch."),
+        "block_size": executor.block_size,
+        "kv_capacity_blocks": executor.kv_capacity_blocks(),
+        "kv_capacity_tokens": executor.kv_capacity_blocks() * executor.block_size,
+        "grid": asdict(grid),
+        "profile_rows": len(profile),
+        "heldout_rows": len(heldout),
+        "skipped": skipped,
+        "affine": affine.coefficients(),
+        "heldout_mape": {"affine": mape(affine), "table": None if table is None else mape(table)},
+        "table_skipped": table_skipped,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "decode_vs_hbm_bound": _decode_vs_hbm(cfg, profile, bandwidth, executor.dtype.itemsize),
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    (out / "calibration.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _profile_rows(executor: LlamaExecutor, grid: CalibrationGrid, rid: Iterator[int]) -> tuple[list[tuple], list[str]]:
+    """Time the grid's single-request prefills and its decode batches (the ``profile.csv`` rows), and
+    name the points skipped because their KV (or prefill tokens) did not fit."""
     profile: list[tuple] = []
     skipped: list[str] = []
     for n in grid.prefill_tokens:
@@ -480,9 +522,12 @@ def calibrate(
                 continue
             decode = [(next(rid), ctx) for _ in range(n_dec)]
             profile.append((0, 0, 0, n_dec, n_dec * ctx, _time_batch(executor, [], decode, grid.repeats)))
-    profile_path = out / "profile.csv"
-    _write_rows(profile_path, profile)
+    return profile, skipped
 
+
+def _heldout_rows(executor: LlamaExecutor, grid: CalibrationGrid, rid: Iterator[int]) -> list[tuple]:
+    """Time ``grid.n_mixed`` seeded mixed batches (prefills and decodes together) that fit, the held-out
+    rows the fitted models are scored on (at most 100 draws per batch kept)."""
     rng = np.random.default_rng(grid.seed)
     heldout: list[tuple] = []
     for _ in range(100 * grid.n_mixed):
@@ -502,49 +547,16 @@ def calibrate(
         if need > executor.num_blocks or sum(n for _, n, _ in prefill) > executor.max_batch_tokens:
             continue
         heldout.append((*aggregates(prefill, decode), _time_batch(executor, prefill, decode, grid.repeats)))
-    _write_rows(out / "heldout.csv", heldout)
+    return heldout
 
-    affine = fit_affine(profile)
-    table, table_skipped = load_table(profile_path)
-    held = np.array(heldout, dtype=np.float64)
 
-    def mape(m: LatencyModel) -> float:
-        pred = np.array([m.batch_time(*(int(v) for v in row[:5])) for row in held])
-        return float(np.mean(np.abs(pred / held[:, 5] - 1.0)))
-
-    # several times the last-level cache on either device, without taking much of the CPU's memory
-    bandwidth = measure_copy_bandwidth(str(executor.device), 2**30 if executor.is_cuda else 2**27)
-    dtype_bytes = executor.dtype.itemsize
-    decode_vs_hbm = []
+def _decode_vs_hbm(cfg: LlamaConfig, profile: list[tuple], bandwidth: float, dtype_bytes: int) -> list[dict]:
+    """Each measured decode batch's time against the time to stream its weights and KV at the
+    measured copy bandwidth (:func:`hbm_bound_decode_s`)."""
+    rows = []
     for _, _, _, n_dec, ctx_sum, t in profile:
         if n_dec:
             bound = hbm_bound_decode_s(cfg, n_dec, ctx_sum // n_dec, bandwidth, dtype_bytes)
-            decode_vs_hbm.append(
-                {
-                    "n_decode": n_dec,
-                    "ctx_per_seq": ctx_sum // n_dec,
-                    "time_s": t,
-                    "hbm_bound_s": bound,
-                    "time_over_bound": t / bound,
-                }
-            )
-    summary = {
-        "model": cfg.name,
-        "device": str(executor.device),
-        "dtype": str(executor.dtype).removeprefix("torch."),
-        "block_size": executor.block_size,
-        "kv_capacity_blocks": executor.kv_capacity_blocks(),
-        "kv_capacity_tokens": executor.kv_capacity_blocks() * executor.block_size,
-        "grid": asdict(grid),
-        "profile_rows": len(profile),
-        "heldout_rows": len(heldout),
-        "skipped": skipped,
-        "affine": affine.coefficients(),
-        "heldout_mape": {"affine": mape(affine), "table": None if table is None else mape(table)},
-        "table_skipped": table_skipped,
-        "copy_bandwidth_bytes_per_s": bandwidth,
-        "decode_vs_hbm_bound": decode_vs_hbm,
-        "wall_time_s": time.perf_counter() - t0,
-    }
-    (out / "calibration.json").write_text(json.dumps(summary, indent=2))
-    return summary
+            rows.append({"n_decode": n_dec, "ctx_per_seq": ctx_sum // n_dec, "time_s": t, "hbm_bound_s": bound,
+                         "time_over_bound": t / bound})
+    return rows
