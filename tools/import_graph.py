@@ -58,7 +58,7 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (4, "env, agents", ("llmsched_gym/env/", "agents/")),
     (3, "sim", ("llmsched_gym/sim.py", "llmsched_gym/parallel.py")),
     (2, "baselines", ("baselines/",)),
-    (1, "core", ("llmsched_gym/core/", "llmsched_gym/fluid.py", "llmsched_gym/optimum.py", "llmsched_gym/backends/")),
+    (1, "core", ("llmsched_gym/core/", "llmsched_gym/fluid.py", "llmsched_gym/optimum/", "llmsched_gym/backends/")),
     (0, "ground", ("llmsched_gym/config.py", "llmsched_gym/data.py", "llmsched_gym/help.py")),
 ]
 
