@@ -334,7 +334,6 @@ def replay(
     predicted = {"log": np.array([r["duration"] for r in rows])}
     for name, m in _named(models or []).items():
         predicted[name] = np.array([m.batch_time(*a) for a in aggs])
-    meas_spans = _retimed_spans(rows, batches, measured)
     summary: dict = {
         "log": str(log_path),
         "model": executor.config.name,
@@ -345,18 +344,9 @@ def replay(
         "measured_makespan_s": float(measured.sum()),
         "models": {},
     }
+    meas_spans = _retimed_spans(rows, batches, measured)
     for name, pred in predicted.items():
-        stats = error_stats(pred[busy], measured[busy])
-        pred_spans = _retimed_spans(rows, batches, pred)
-        span_rel = pred_spans["spans"] / meas_spans["spans"] - 1.0
-        stats["end_to_end"] = {
-            "end_s": pred_spans["end_s"],
-            "measured_end_s": meas_spans["end_s"],
-            "end_rel_err": pred_spans["end_s"] / meas_spans["end_s"] - 1.0,
-            "request_span_rel_err_p50": float(np.percentile(np.abs(span_rel), 50)),
-            "request_span_rel_err_p90": float(np.percentile(np.abs(span_rel), 90)),
-        }
-        summary["models"][name] = stats
+        summary["models"][name] = _replay_errors(rows, batches, pred, measured, busy, meas_spans)
     if twice:
         a, b = passes
         rel = np.abs(a[busy] - b[busy]) / ((a[busy] + b[busy]) / 2)
@@ -366,7 +356,32 @@ def replay(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "replay.json").write_text(json.dumps(summary, indent=2))
-    with (out / "replay.csv").open("w", newline="") as f:
+    _write_replay_csv(out / "replay.csv", aggs, passes, predicted)
+    return summary
+
+
+def _replay_errors(rows: list[dict[str, float]], batches: list[dict[str, list]], pred: np.ndarray,
+                   measured: np.ndarray, busy: np.ndarray, meas_spans: dict) -> dict:
+    """One model's errors on a replay: per busy iteration (:func:`error_stats`) and end to end (the
+    logged schedule retimed with its predictions against the measured times: the end of the run and
+    each request's span)."""
+    stats = error_stats(pred[busy], measured[busy])
+    pred_spans = _retimed_spans(rows, batches, pred)
+    span_rel = pred_spans["spans"] / meas_spans["spans"] - 1.0
+    stats["end_to_end"] = {
+        "end_s": pred_spans["end_s"],
+        "measured_end_s": meas_spans["end_s"],
+        "end_rel_err": pred_spans["end_s"] / meas_spans["end_s"] - 1.0,
+        "request_span_rel_err_p50": float(np.percentile(np.abs(span_rel), 50)),
+        "request_span_rel_err_p90": float(np.percentile(np.abs(span_rel), 90)),
+    }
+    return stats
+
+
+def _write_replay_csv(path: Path, aggs: list[tuple], passes: list[np.ndarray], predicted: dict[str, np.ndarray]
+                      ) -> None:
+    """``replay.csv``: per iteration, its batch shape, each measured pass and each model's prediction."""
+    with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
             [
@@ -378,7 +393,6 @@ def replay(
         )
         for i, a in enumerate(aggs):
             w.writerow([i, *a, *(p[i] for p in passes), *(p[i] for p in predicted.values())])
-    return summary
 
 
 # ---------------------------------------------------------------------------------------------- calibration
