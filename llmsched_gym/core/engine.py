@@ -50,7 +50,7 @@ import numpy as np
 from llmsched_gym.config import ConfigError, check_engine
 from llmsched_gym.core.iteration_log import LOG_COLUMNS, IterationLog
 from llmsched_gym.core.kv import KVCache
-from llmsched_gym.core.latency import LatencyModel
+from llmsched_gym.core.latency.base import LatencyModel
 from llmsched_gym.core.ledger import Ledger
 from llmsched_gym.core.queue import WaitingQueue
 from llmsched_gym.core.request import Workload

@@ -35,7 +35,7 @@ from llmsched_gym.core.information import (
 if TYPE_CHECKING:
     from llmsched_gym.core.engine import Engine, EngineConfig
     from llmsched_gym.core.kv import KVCache
-    from llmsched_gym.core.latency import LatencyModel
+    from llmsched_gym.core.latency.base import LatencyModel
     from llmsched_gym.core.ledger import Ledger
     from llmsched_gym.core.request import Workload
 
