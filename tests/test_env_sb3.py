@@ -10,7 +10,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
 
 import llmsched_gym  # noqa: F401  (registers the ids)
-from llmsched_gym.core.metrics import request_table
+from llmsched_gym.core.records import request_table
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
 
 pytest.importorskip("stable_baselines3")
