@@ -80,7 +80,9 @@ def _genuine(folder: Path) -> tuple:
 
 def _evaluate(folder: Path, out: Path, *extra: str) -> int:
     return main(["evaluate", "--model", str(folder), "--scenario", "jaillet-low", "--policies", "none", "--seeds",
-                 "100", "--set", "workload.n_requests=30", "--out", str(out), "--no-plots", "--quiet", *extra])
+                 "100", "--set", "workload.n_requests=30", "--out", str(out), "--no-plots", "--quiet",
+                 # an untrained agent may loop (launch, preempt): the loop detector stops it after 1,000 iterations
+                 "--set", "engine.stall_iterations=1000", *extra])
 
 
 def test_crafted_pickle_and_zip_alone_are_refused_without_running_them(tmp_path, capsys):

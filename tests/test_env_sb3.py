@@ -125,9 +125,10 @@ class EpisodeSummaries(gym.Wrapper):
 def test_maskable_ppo_trains_and_evaluates_with_masks():
     import torch
 
-    def make():
+    def make(stall_iterations: int | None = None):
+        stall = {} if stall_iterations is None else {"engine.stall_iterations": stall_iterations}
         return gym.make(ENV_ID, scenario="jaillet-low", K=8, reward={"latency": 0.01},
-                        overrides={"workload.n_requests": 40})
+                        overrides={"workload.n_requests": 40, **stall})
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny networks: threads only contend
@@ -137,7 +138,7 @@ def test_maskable_ppo_trains_and_evaluates_with_masks():
                             policy_kwargs={"net_arch": [32]}, device="cpu")
         start = {k: v.clone() for k, v in model.policy.state_dict().items()}
         model.learn(total_timesteps=2048)
-        env = EpisodeSummaries(make())
+        env = EpisodeSummaries(make(stall_iterations=1000))  # a looping policy stops after 1,000 iterations
         returns, lengths = evaluate_policy(model, env, n_eval_episodes=1, use_masking=True, warn=False,
                                            return_episode_rewards=True)
         venv.close()

@@ -57,13 +57,15 @@ def test_rllib_example_trains_two_iterations_and_evaluate_plays_it_against_fcfs(
     assert {"sched/mean_e2el_ms", "sched/completed_frac", "sched/episodes", "rollout/ep_rew_mean"} <= set(tags)
 
     assert main(["evaluate", "--model", str(run), "--policies", "fcfs", "--seeds", "100-101",
-                 "--set", "workload.n_requests=30", "--no-plots", "--quiet", "--out", "eval"]) == 0
+                 "--set", "workload.n_requests=30", "--set", "engine.stall_iterations=1000",
+                 "--no-plots", "--quiet", "--out", "eval"]) == 0
     res = json.loads(Path("eval/results.json").read_text())
     by = {(r["policy"], r["seed"]): r["summary"] for r in res["runs"]}
     assert {p for p, _ in by} == {"fcfs", res["agents"][0]} and not res["skipped"]
     for (policy, _), s in by.items():
         # nothing is lost: a barely trained agent may preempt and re-admit until the loop detector
-        # stops it (its preempt actions allow that), and then says so; fcfs serves every request
+        # (here after 1,000 iterations without a completion) stops it (its preempt actions allow
+        # that), and then says so; fcfs serves every request
         assert s["n_arrived"] == 30 and s["n_completed"] + s["n_unfinished"] + s["n_rejected"] == 30
         assert s["n_completed"] == 30 or (policy != "fcfs" and s["non_terminating"])
     # RLlib's own pickled checkpoint, in the relative folder, for those who trust it
