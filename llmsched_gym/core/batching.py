@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from llmsched_gym.core.ledger import preempt_newest
 from llmsched_gym.core.scheduler import BatchPlan, EngineView
 
@@ -45,42 +47,74 @@ class BatchBuilder:
     :param max_num_seqs: cap on running requests (``None``: no cap).
     :param watermark: fraction of the KV blocks an admission must leave free.
     :param preempted: running requests already chosen for preemption (their blocks count as free).
+    :param unfinished: the running requests (less ``preempted``) with an unfinished prefill, in
+        running order, and the prompt tokens each still owes, when the caller has them at hand
+        (the env's decision point does); the builder finds them itself otherwise.
 
     ``free`` is the number of free blocks the batch has left; it goes negative when the caller
     admits without checking (the engine's overflow handler then decides).
     """
 
-    __slots__ = ("view", "ledger", "budget", "reserve", "max_num_seqs", "watermark_blocks", "running", "n",
-                 "reserved", "free", "prefill", "preempt", "pause", "seqs", "_gone")
+    __slots__ = ("view", "ledger", "budget", "reserve", "max_num_seqs", "watermark", "running", "n",
+                 "reserved", "_free", "prefill", "preempt", "pause", "seqs", "_gone", "_unfinished_now")
 
     def __init__(self, view: EngineView, budget: float | None = None, reserve: bool = True,
                  max_num_seqs: int | None = None, watermark: float = 0.0,
-                 preempted: list[int] | tuple[int, ...] = ()) -> None:
+                 preempted: list[int] | tuple[int, ...] = (),
+                 unfinished: tuple[list[int], list[int]] | None = None) -> None:
         self.view = view
+        self._unfinished_now = unfinished
         self.ledger = led = view.ledger
         self.budget = UNLIMITED if budget is None else budget
         self.reserve = reserve
         self.max_num_seqs = max_num_seqs
-        bs = view.block_size
-        self.watermark_blocks = int(watermark * (view.kv_capacity // bs))
-        self._gone = set(preempted)
-        running = [r for r in view.running if r not in self._gone] if preempted else view.running
-        self.running = running
-        self.n = len(running)
-        prefilled, target, kvt = view.prefilled, view.prefill_target, view.kv_tokens
+        self.watermark = watermark
+        self._gone = preempted
+        if preempted:
+            gone = set(preempted)
+            self.running = running = [r for r in view.running if r not in gone]
+        else:
+            self.running = running = view.running
+        self.n = self.seqs = len(running)
         self.reserved: dict[int, int] = {}
-        if reserve:
-            for r in running:
-                if prefilled[r] < target[r]:
-                    self.reserved[r] = led.chunk(r, int(kvt[r]), int(target[r] - prefilled[r]))
-        free = view.kv_free // bs - sum(self.reserved.values())
-        for r in preempted:
-            free += led.held(r)
-        self.free = free
+        if reserve and view.n_in_prefill:
+            kvt = view.kv_tokens
+            for rid, left in self._unfinished(running):
+                self.reserved[rid] = led.chunk(rid, int(kvt[rid]), left)
+        self._free: int | None = None  # computed when first read (a batch formed unchecked never reads it)
         self.prefill: dict[int, int] = {}
         self.preempt: list[int] = list(preempted)
         self.pause: set[int] = set()
-        self.seqs = self.n
+
+    @property
+    def free(self) -> int:
+        """Free blocks the batch has left (module docstring)."""
+        if self._free is None:
+            led = self.ledger
+            free = self.view.kv_free // led.bs - sum(self.reserved.values())
+            for r in self._gone:
+                free += led.held(r)
+            self._free = free
+        return self._free
+
+    @free.setter
+    def free(self, value: int) -> None:
+        self._free = value
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Blocks an admission must leave free (``watermark`` of the capacity)."""
+        return int(self.watermark * (self.view.kv_capacity // self.ledger.bs))
+
+    def _unfinished(self, run: list[int]) -> list[tuple[int, int]] | zip:
+        """The requests of ``run`` with an unfinished prefill, in order, and the tokens each owes."""
+        if self._unfinished_now is not None and run is self.running and self.n == len(run):
+            return zip(*self._unfinished_now, strict=True)
+        view = self.view
+        ids = np.fromiter(run, np.int64, len(run))
+        owed = view.prefill_target[ids] - view.prefilled[ids]
+        mid = owed > 0
+        return list(zip(ids[mid].tolist(), owed[mid].tolist(), strict=True))
 
     # ------------------------------------------------------------------------------------------
     def decode_first(self, preempt: bool = True) -> None:
@@ -91,17 +125,22 @@ class BatchBuilder:
         ``free`` is left as it is (the caller admits without checking)."""
         view, running = self.view, self.running
         if not preempt:  # only the budget matters: the first decodes run, the others pause
-            if view.n_in_prefill == 0:
-                dec = running
-            else:
+            n_mid = view.n_in_prefill  # unfinished prefills, of which the preempted ones leave
+            if n_mid and self._gone:
+                prefilled, target = view.prefilled, view.prefill_target
+                n_mid -= sum(1 for r in self._gone if prefilled[r] < target[r])
+            n_dec = len(running) - n_mid
+            if self.budget >= n_dec:
+                self.budget -= n_dec
+                return
+            if n_mid:
                 prefilled, target = view.prefilled, view.prefill_target
                 dec = [r for r in running if prefilled[r] >= target[r]]
-            if self.budget >= len(dec):
-                self.budget -= len(dec)
             else:
-                k = int(self.budget)
-                self.pause = set(dec[k:])
-                self.budget = 0
+                dec = running
+            k = int(self.budget)
+            self.pause = set(dec[k:])
+            self.budget = 0
             return
         prefilled, target = view.prefilled, view.prefill_target
         n, free, budget = self.n, self.free, self.budget
@@ -127,19 +166,18 @@ class BatchBuilder:
     def continue_prefills(self) -> None:
         """Phase 2: unfinished prefills get their next chunk, in admission order."""
         view = self.view
-        if view.n_in_prefill == 0:
+        if view.n_in_prefill == 0 or self.budget <= 0:
             return
-        prefilled, target, kvt = view.prefilled, view.prefill_target, view.kv_tokens
-        for rid in self.running[: self.n]:
+        kvt = view.kv_tokens
+        run = self.running if self.n == len(self.running) else self.running[: self.n]
+        for rid, left in self._unfinished(run):
+            c = left if left <= self.budget else int(self.budget)
+            self.prefill[rid] = c
+            self.budget -= c
+            if not self.reserve:
+                self.free -= self.ledger.chunk(rid, int(kvt[rid]), c)
             if self.budget <= 0:
                 break
-            left = int(target[rid] - prefilled[rid])
-            if left > 0:
-                c = left if left <= self.budget else int(self.budget)
-                self.prefill[rid] = c
-                self.budget -= c
-                if not self.reserve:
-                    self.free -= self.ledger.chunk(rid, int(kvt[rid]), c)
 
     def admit(self, rid: int, check: bool = True, chunk_cap: int = 0) -> bool:
         """Phase 3: admit waiting request ``rid`` with a chunk of what the budget leaves.
@@ -150,14 +188,14 @@ class BatchBuilder:
         the chunk (vLLM's ``long_prefill_token_threshold``)."""
         if self.budget <= 0 or (self.max_num_seqs is not None and self.seqs >= self.max_num_seqs):
             return False
-        view = self.view
-        hit = view.prefix_match(rid)
-        left = int(view.prefill_target[rid]) - hit
+        led = self.ledger
+        hit = led.kv.match_tokens(rid)
+        left = int(led.target[rid]) - hit
         c = left if left <= self.budget else int(self.budget)
         if chunk_cap and c > chunk_cap:
             c = chunk_cap
         if check:
-            need = self.ledger.admission(rid, hit, None if self.reserve else c)
+            need = led.admission(rid, hit, None if self.reserve else c)
             if self.free - need < self.watermark_blocks:
                 return False
             self.free -= need

@@ -143,17 +143,24 @@ class Ledger:
         emits it (element-wise): what an admission of the whole prompt holds after its iteration."""
         return (target + (self.emit + self.bs - 1)) // self.bs
 
-    def running_growth(self, kvt: np.ndarray, left: np.ndarray | None) -> int:
+    def running_growth(self, kvt: np.ndarray, left: np.ndarray | None, owed: int | None = None,
+                       n_mid: int | None = None) -> int:
         """Blocks the running requests with KV ``kvt`` add when each decodes once (``left == 0``)
         or runs its unfinished prefill (``left`` tokens owed) to the end (:meth:`growth`, summed).
-        ``left=None``: every one of them decodes."""
+        ``left=None``: every one of them decodes. ``owed`` and ``n_mid``, when the caller has them:
+        ``left``'s sum and its count of non-zero entries."""
         bs = self.bs
         if left is None:
             return len(kvt) if bs == 1 else int(np.count_nonzero(kvt % bs == 0))
         if bs == 1:  # a decode adds 1, a prefill what it owes (and token 1 when prefill emits it)
-            return len(kvt) + int(left.sum()) - (0 if self.emit else int(np.count_nonzero(left)))
-        emitted = np.where(left > 0, self.emit, 1)
-        return int((-(-(kvt + left + emitted) // bs) - -(-kvt // bs)).sum())
+            if self.emit:
+                return len(kvt) + (int(left.sum()) if owed is None else owed)
+            return len(kvt) + (int(left.sum()) if owed is None else owed) - (
+                int(np.count_nonzero(left)) if n_mid is None else n_mid)
+        # a decode stores one token; an unfinished prefill the rest of its prompt and token 1 if emitted
+        end = kvt + left
+        end += bs if self.emit else bs - (left > 0)
+        return int((end // bs - (kvt + (bs - 1)) // bs).sum())
 
     # ---- one iteration of the engine -----------------------------------------------------------
     def iteration(self, prefill: list[tuple[int, int]], dec: np.ndarray, lockstep_cnt: list[int] | None = None,

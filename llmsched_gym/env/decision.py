@@ -203,7 +203,7 @@ class DecisionPoint:
             base = kvt + pad if pad else kvt
             self.shape = (n, int(kvt.sum()), 0, 0, 0)
             self.run_left = None
-        growth = self.led.running_growth(kvt, self.run_left)
+        growth = self.led.running_growth(kvt, self.run_left, self.shape[3], self.shape[2])
         self.n_run = n
         self.rem, self.line_base = rem, base
         return growth

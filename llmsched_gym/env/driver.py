@@ -21,7 +21,6 @@ keeps what the observation reads about the last batches
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -114,43 +113,18 @@ class Driver:
     def form(self, budget: int | None, admit: list[int]) -> BatchPlan:
         """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry):
         what :class:`~llmsched_gym.core.batching.BatchBuilder` forms (``reserve=False``, no
-        memory check), computed from the decision point's running set unless a decode is paused."""
-        view, dp = self.view, self.dp
-        if budget is None and not dp.victims and not view.n_in_prefill:
-            return BatchPlan(prefill={r: BatchPlan.FULL for r in admit})
-        n_dec = dp.batch_shape()[0]
-        if budget is not None and budget < n_dec:  # decodes paused: the builder's own phases
-            b = BatchBuilder(view, budget, reserve=False, preempted=dp.victims)
-            b.decode_first(preempt=False)
-            b.continue_prefills()
-            for rid in admit:
-                b.admit(rid, check=False)
-            plan = b.plan()
-            plan.hold = False
-            return plan
-        # decodes first, then unfinished prefills in admission order, then the admissions, each
-        # with a chunk of what the budget leaves
-        left = math.inf if budget is None else budget - n_dec
-        prefill: dict[int, int] = {}
-        for rid, owed in zip(*dp.unfinished_prefills(), strict=True):
-            if left <= 0:
+        memory check: the engine's LIFO preemption handles an overflow)."""
+        dp = self.dp
+        b = BatchBuilder(self.view, budget, reserve=False, preempted=dp.victims,
+                         unfinished=dp.unfinished_prefills() if self.view.n_in_prefill else ([], []))
+        b.decode_first(preempt=False)
+        b.continue_prefills()
+        for rid in admit:
+            if not b.admit(rid, check=False):
                 break
-            c = owed if owed <= left else left
-            prefill[rid] = c
-            left -= c
-        if budget is None:
-            for rid in admit:
-                prefill[rid] = BatchPlan.FULL
-        elif left > 0:
-            target, match = view.prefill_target, view.kv.match_tokens
-            for rid in admit:
-                c = int(target[rid]) - match(rid)
-                if c >= left:
-                    prefill[rid] = left
-                    break
-                prefill[rid] = c
-                left -= c
-        return BatchPlan(prefill=prefill, preempt=list(dp.victims))
+        plan = b.plan()
+        plan.hold = False
+        return plan
 
     # ------------------------------------------------------------------------------------------
     # the loop between decisions
