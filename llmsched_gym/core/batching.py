@@ -50,19 +50,24 @@ class BatchBuilder:
     :param unfinished: the running requests (less ``preempted``) with an unfinished prefill, in
         running order, and the prompt tokens each still owes, when the caller has them at hand
         (the env's decision point does); the builder finds them itself otherwise.
+    :param memory: count free blocks. ``False``: the batch is formed by the budget alone, nothing
+        is checked or counted (``admit`` never refuses for memory; the engine's overflow handler
+        decides), as the env forms the agent's batch.
 
     ``free`` is the number of free blocks the batch has left; it goes negative when the caller
     admits without checking (the engine's overflow handler then decides).
     """
 
     __slots__ = ("view", "ledger", "budget", "reserve", "max_num_seqs", "watermark", "running", "n",
-                 "reserved", "_free", "prefill", "preempt", "pause", "seqs", "_gone", "_unfinished_now")
+                 "reserved", "_free", "prefill", "preempt", "pause", "seqs", "_gone", "_unfinished_now",
+                 "memory")
 
     def __init__(self, view: EngineView, budget: float | None = None, reserve: bool = True,
                  max_num_seqs: int | None = None, watermark: float = 0.0,
                  preempted: list[int] | tuple[int, ...] = (),
-                 unfinished: tuple[list[int], list[int]] | None = None) -> None:
+                 unfinished: tuple[list[int], list[int]] | None = None, memory: bool = True) -> None:
         self.view = view
+        self.memory = memory
         self._unfinished_now = unfinished
         self.ledger = led = view.ledger
         self.budget = UNLIMITED if budget is None else budget
@@ -174,7 +179,7 @@ class BatchBuilder:
             c = left if left <= self.budget else int(self.budget)
             self.prefill[rid] = c
             self.budget -= c
-            if not self.reserve:
+            if not self.reserve and self.memory:
                 self.free -= self.ledger.chunk(rid, int(kvt[rid]), c)
             if self.budget <= 0:
                 break
@@ -194,7 +199,7 @@ class BatchBuilder:
         c = left if left <= self.budget else int(self.budget)
         if chunk_cap and c > chunk_cap:
             c = chunk_cap
-        if check:
+        if check and self.memory:
             need = led.admission(rid, hit, None if self.reserve else c)
             if self.free - need < self.watermark_blocks:
                 return False

@@ -93,6 +93,7 @@ class DecisionPoint:
         self.victims: list[int] = []
         self.sel_tokens = 0
         self.running_ok = False
+        self.unfinished: tuple[list[int], list[int]] | None = None
 
     def refresh(self, rid: int) -> None:
         """A preempted request's prefill target, remaining output or swap state changed."""
@@ -175,6 +176,7 @@ class DecisionPoint:
         e, emit, pad = self.e, self.emit, self.pad
         self.running_ok = True
         self.residents_ok = False
+        self.unfinished = None
         run = self.survivors()
         self.run_list = run
         ids = np.fromiter(run, np.int64, len(run))
@@ -225,16 +227,20 @@ class DecisionPoint:
             self.shape = (n_dec - 1, dec_ctx - int(self.kvt[rid]), n_mid, owed, mid_ctx)
         self.n_run -= 1
         self.residents_ok = False
+        self.unfinished = None
 
     def unfinished_prefills(self) -> tuple[list[int], list[int]]:
         """The surviving running requests with an unfinished prefill, in admission order, and the
-        prompt tokens each still owes."""
+        prompt tokens each still owes (computed once per change of the running set; read only)."""
         if not self.running_ok:
             self.running_set()
-        if not self.shape[2]:
-            return [], []
-        mid = self.run_left > 0
-        return self.run_ids[mid].tolist(), self.run_left[mid].tolist()
+        if self.unfinished is None:
+            if self.shape[2]:
+                mid = self.run_left > 0
+                self.unfinished = (self.run_ids[mid].tolist(), self.run_left[mid].tolist())
+            else:
+                self.unfinished = ([], [])
+        return self.unfinished
 
     def batch_shape(self) -> tuple[int, int, int, int, int]:
         """Decodes and their KV tokens (context), unfinished prefills, the prompt tokens they still

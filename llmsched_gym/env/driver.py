@@ -112,15 +112,15 @@ class Driver:
 
     def form(self, budget: int | None, admit: list[int]) -> BatchPlan:
         """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry):
-        what :class:`~llmsched_gym.core.batching.BatchBuilder` forms (``reserve=False``, no
-        memory check: the engine's LIFO preemption handles an overflow)."""
+        what :class:`~llmsched_gym.core.batching.BatchBuilder` forms by the budget alone
+        (``memory=False``: the engine's LIFO preemption handles an overflow)."""
         dp = self.dp
-        b = BatchBuilder(self.view, budget, reserve=False, preempted=dp.victims,
+        b = BatchBuilder(self.view, budget, reserve=False, preempted=dp.victims, memory=False,
                          unfinished=dp.unfinished_prefills() if self.view.n_in_prefill else ([], []))
         b.decode_first(preempt=False)
         b.continue_prefills()
         for rid in admit:
-            if not b.admit(rid, check=False):
+            if not b.admit(rid):
                 break
         plan = b.plan()
         plan.hold = False

@@ -1,0 +1,133 @@
+"""The KV cache (``llmsched_gym.core.kv.KVCache``): block rounding, the prefix cache (hash chains
+over prompt segments, references, idle blocks, the ``prompt - 1`` cap), LRU and priority
+eviction. Constructed workloads with the exact blocks expected, and a hypothesis test of the
+reference bookkeeping under random admissions, completions and allocations."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmsched_gym.core.kv import KVCache
+from llmsched_gym.core.request import Workload
+
+
+def workload(prompts, prefix) -> Workload:
+    n = len(prompts)
+    return Workload(arrival_s=np.zeros(n), prompt_tokens=prompts, output_tokens=np.ones(n, int), prefix=prefix)
+
+
+def test_capacity_is_whole_blocks():
+    kv = KVCache(70, 16, workload([5], None))
+    assert (kv.capacity_blocks, kv.capacity_tokens, kv.used_tokens) == (4, 64, 0)
+    assert [kv.blocks(t) for t in (0, 1, 16, 17, 64)] == [0, 1, 1, 2, 4]
+    assert not kv.enabled  # no request has shareable segments
+    assert KVCache(7, 1, workload([5], None)).capacity_tokens == 7  # token level
+
+
+def test_the_prefix_cache_shares_full_head_blocks():
+    # prompts of 20 tokens; 0 and 1 share an 8-token head (2 blocks of 4), 2 has another
+    kv = KVCache(64, 4, workload([20, 20, 20], [((1, 8),), ((1, 8),), ((2, 8),)]))
+    assert kv.enabled and len(kv.block_hashes(0)) == 2 and kv.block_hashes(0) == kv.block_hashes(1)
+    assert kv.block_hashes(2)[0] != kv.block_hashes(0)[0]
+    assert kv.match_blocks(1) == 0 and kv.acquire_prefix(0) == 0  # nothing cached yet
+    kv.used_blocks = 6  # the engine allocates 0's prompt: 20 tokens + token 1
+    kv.publish_prefix(0, 20)
+    assert int(kv.shared[0]) == 2 and kv.used_blocks == 6
+    assert (kv.match_blocks(1), kv.match_tokens(1), kv.match_blocks(2)) == (2, 8, 0)
+    assert kv.match_detail(1) == (2, 0)  # both referenced: none idle
+    assert kv.acquire_prefix(1) == 8 and kv.hit_tokens == 8 and int(kv.shared[1]) == 2
+    assert kv.used_blocks == 6  # referenced blocks were already counted
+    assert [kv.references(h) for h in kv.block_hashes(0)] == [2, 2]
+    kv.release_prefix(0)
+    assert kv.used_blocks == 6 and kv.idle_blocks == 0 and int(kv.shared[0]) == 0  # 1 still holds them
+    kv.release_prefix(1)
+    assert (kv.used_blocks, kv.idle_blocks) == (4, 2)  # unreferenced: cached, counted free
+    assert kv.match_detail(1) == (2, 2)
+    assert kv.acquire_prefix(1) == 8 and (kv.used_blocks, kv.idle_blocks) == (6, 0)  # idle blocks become used
+
+
+def test_a_hit_covers_at_most_the_prompt_less_one_token():
+    wl = workload([8, 8], [((1, 8),), ((1, 8),)])
+    for cap, expected in ((True, 1), (False, 2)):  # (8 - 1) // 4 = 1 block, or both
+        kv = KVCache(64, 4, wl, cap_prompt_minus_one=cap)
+        kv.publish_prefix(0, 8)
+        assert kv.match_blocks(1) == expected and kv.match_detail(1)[0] == expected
+
+
+def test_a_prefix_computed_twice_at_once_keeps_one_copy():
+    kv = KVCache(64, 4, workload([12, 12], [((1, 8),), ((1, 8),)]))
+    kv.used_blocks = 8  # both prefilled their 12 + 1 tokens without a hit: 4 blocks each
+    kv.publish_prefix(0, 12)
+    kv.publish_prefix(1, 12)  # the same 2 head blocks: 1 shares 0's and drops its own copies
+    assert kv.used_blocks == 6 and [kv.references(h) for h in kv.block_hashes(0)] == [2, 2]
+
+
+def test_lru_evicts_the_least_recently_released_deeper_blocks_first():
+    kv = KVCache(24, 4, workload([12, 12], [((1, 8),), ((2, 8),)]))  # 6 blocks
+    kv.used_blocks = 4  # the two requests' head blocks (their tails are left out here)
+    for rid in (0, 1):
+        kv.publish_prefix(rid, 12)
+    kv.release_prefix(0)  # 0's blocks go idle first (deeper block first), then 1's
+    kv.release_prefix(1)
+    h0, h1 = kv.block_hashes(0), kv.block_hashes(1)
+    assert kv.next_evictions(4) == [h0[1], h0[0], h1[1], h1[0]]
+    kv.make_room(3)  # 0 used + 4 idle + 3 > 6: evict one
+    assert kv.evicted_blocks == 1 and kv.next_evictions(4) == [h0[0], h1[1], h1[0]]
+    assert kv.match_blocks(0) == 1 and kv.match_blocks(1) == 2  # 0's chain now ends after its first block
+
+
+def test_priority_eviction_takes_the_lowest_priority_first():
+    kv = KVCache(24, 4, workload([12, 12], [((1, 8),), ((2, 8),)]))
+    kv.used_blocks = 4
+    for rid in (0, 1):
+        kv.publish_prefix(rid, 12)
+    h0, h1 = kv.block_hashes(0), kv.block_hashes(1)
+    prio = {h0[0]: 5.0, h0[1]: 5.0, h1[0]: 1.0, h1[1]: 2.0}
+    kv.set_eviction_priority(prio.__getitem__)
+    kv.release_prefix(0)
+    kv.release_prefix(1)
+    assert kv.idle_below(2.0) == 1 and kv.idle_below(5.0) == 2 and kv.idle_below(6.0) == 4
+    kv.make_room(4)  # 4 idle + 4 > 6: evict the two lowest
+    assert kv.evicted_blocks == 2 and kv.match_blocks(1) == 0 and kv.match_blocks(0) == 2
+    prio[h0[1]] = 0.5  # 0's deeper block becomes the cheapest
+    kv.reprioritize([h0[1]])
+    kv.make_room(5)
+    assert kv.match_blocks(0) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**16), st.sampled_from([1, 4, 16]),
+       st.lists(st.tuples(st.sampled_from(["admit", "finish", "alloc"]), st.integers(0, 11)), max_size=60))
+def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
+    """Random admissions (hit, then publish), completions and allocations: every cached block's
+    reference count is the number of requests holding it, the idle blocks are exactly the
+    unreferenced cached ones, a request holds a head of its own hash chain, and hits never exceed
+    the ``prompt - 1`` cap."""
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(2, 60, 12)
+    prefix = [((int(rng.integers(0, 3)), int(rng.integers(1, p + 1))),) if rng.random() < 0.8 else None
+              for p in prompts]
+    kv = KVCache(int(rng.integers(40, 200)), bs, workload(prompts, prefix))
+    running: set[int] = set()
+    for op, rid in ops:
+        if op == "admit" and rid not in running:
+            hit = kv.acquire_prefix(rid)
+            assert hit <= max(int(prompts[rid]) - 1, 0) and hit % bs == 0
+            kv.publish_prefix(rid, int(prompts[rid]))
+            running.add(rid)
+        elif op == "finish" and rid in running:
+            kv.release_prefix(rid)
+            running.discard(rid)
+        elif op == "alloc":
+            kv.make_room(rid)
+        cached = set(kv._ref)
+        for h in cached:
+            holders = sum(1 for r in running if h in kv.block_hashes(r)[: int(kv.shared[r])])
+            assert kv.references(h) == holders
+        assert kv.idle_blocks == sum(1 for h in cached if kv.references(h) == 0)
+        for r in range(len(prompts)):
+            held = int(kv.shared[r])
+            assert held == 0 or r in running
+            assert set(kv.block_hashes(r)[:held]) <= cached
