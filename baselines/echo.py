@@ -464,13 +464,31 @@ class EchoFamily(Scheduler):
         self._n_pool = len(self._where)
 
     def schedule(self, view: EngineView) -> BatchPlan:
+        """One step in the order of Wang et al. 2025, section 4.1: the inherited batch, its memory, the
+        online requests (FCFS), the SLO gate, then the offline work."""
         if not self._ready:
             self._setup(view)
         self._sync(view)
         now = view.now
+        self._read_state(view)
+        running = view.running
+        b, u_on = self._inherited(running, now)
+        self._fit_inherited(b, running)
+        admit, n_seqs, tokens, u_on = self._admit_online(b, running, now, u_on)
+        if self.task_aware:
+            # online KV demand: held by running online requests plus the prompts still waiting
+            self._pred.observe(now, u_on * self._bs + sum(int(self._target[r]) for r in self._online))
+        if self.use_estimator:
+            self._slo_gate(b, running, now)
+        if not self._online and self._n_pool:
+            self._admit_offline(b, now, u_on, n_seqs, tokens, admit)
+        return self._plan(b, admit)
+
+    def _read_state(self, view: EngineView) -> None:
+        """The engine state this step reads, and the per-step caches."""
         kv = self._kv
-        self._bs = bs = kv.block_size
-        self._cap = cap = kv.capacity_blocks
+        self._bs = kv.block_size
+        self._cap = kv.capacity_blocks
         self._idle = kv.idle_blocks
         self._kvt, self._gen = view.kv_tokens, view.generated
         self._prefilled, self._target = view.prefilled, view.prefill_target
@@ -482,10 +500,13 @@ class EchoFamily(Scheduler):
         self._mcache: dict[tuple, tuple[int, int]] = {}
         if self.task_aware:
             self._idle_low = kv.idle_below(1.0)
-        cls = self._cls
-        b = _Batch(kv.used_blocks)
+
+    def _inherited(self, running: list[int], now: float) -> tuple[_Batch, int]:
+        """The running requests' batch: every decode, then the unfinished prefills within the token
+        budget the decodes leave (vLLM); and the blocks held by running online requests."""
+        cls, bs = self._cls, self._bs
+        b = _Batch(self._kv.used_blocks)
         u_on = 0
-        running = view.running
         chunked = []
         for r in running:
             online = cls[r] == ONLINE
@@ -495,7 +516,6 @@ class EchoFamily(Scheduler):
                 chunked.append((r, online))
             else:
                 b.add(r, self._decode_member(r, online, now))
-        # unfinished prefills continue within the token budget left by the decodes (vLLM)
         budget = self.max_batched_tokens - b.n_dec if self.max_batched_tokens else 0
         for r, online in chunked:
             if self.max_batched_tokens and budget <= 0:
@@ -503,13 +523,21 @@ class EchoFamily(Scheduler):
             x = self._prefill_member(r, CHUNK, online, now, budget)
             b.add(r, x)
             budget -= x.computed
-        # 1. memory of the inherited batch (decode growth): offline victims, then newest online
-        while b.mem > cap:
+        return b, u_on
+
+    def _fit_inherited(self, b: _Batch, running: list[int]) -> None:
+        """Step 1: the inherited batch's memory (decode growth): offline victims, then the newest online."""
+        while b.mem > self._cap:
             v = self._victim(b, running, memory=True)
             if v is None:
                 v = next(r for r in reversed(running) if r in b.m)
             b.remove(v, preempt=True)
-        # 2. online requests, strictly FCFS; offline work gives way for memory
+
+    def _admit_online(self, b: _Batch, running: list[int], now: float,
+                      u_on: int) -> tuple[dict[int, int], int, int, int]:
+        """Step 2: online requests, strictly FCFS; offline work gives way for memory. Returns the
+        admissions, the sequences and tokens of the batch, and the online blocks."""
+        cap = self._cap
         n_seqs = len(running) - len(b.preempt)
         tokens = sum(n for n, _ in b.pre.values()) + b.n_dec
         admit: dict[int, int] = {}
@@ -532,33 +560,38 @@ class EchoFamily(Scheduler):
             n_seqs += 1
             tokens += x.computed
             u_on += x.grow
+        return admit, n_seqs, tokens, u_on
+
+    def _slo_gate(self, b: _Batch, running: list[int], now: float) -> None:
+        """Step 3: offline work may not push the batch past its deadline."""
+        while b.deadline < INF and self._time(b) > b.deadline - now:
+            v = self._victim(b, running, memory=False)
+            if v is None:
+                break
+            b.remove(v, preempt=b.m[v].kind == DEC)
+
+    def _admit_offline(self, b: _Batch, now: float, u_on: int, n_seqs: int, tokens: int,
+                       admit: dict[int, int]) -> None:
+        """Step 4: offline work, once every online request is in, below the reserve the online
+        demand predictor keeps (task-aware)."""
+        cap = limit = self._cap
         if self.task_aware:
-            # online KV demand: held by running online requests plus the prompts still waiting
-            self._pred.observe(now, u_on * bs + sum(int(self._target[r]) for r in self._online))
-        # 3. the SLO gate: offline work may not push the batch past its deadline
-        if self.use_estimator:
-            while b.deadline < INF and self._time(b) > b.deadline - now:
-                v = self._victim(b, running, memory=False)
-                if v is None:
-                    break
-                b.remove(v, preempt=b.m[v].kind == DEC)
-        # 4. offline work, once every online request is in
-        if not self._online and self._n_pool:
-            limit = cap
-            if self.task_aware:
-                limit = cap - max(0, -(-int(self._pred.prediction) // bs) - u_on)
-            if self.greedy:
-                self._greedy(b, now, limit, n_seqs, tokens, admit)
-            else:
-                self._fcfs_fill(b, now, limit, n_seqs, tokens, admit)
-            if not b.m:
-                # never idle the GPU over the reserve or a negative score: run one request
-                r = self._fcfs[0] if not self.greedy else self._candidates()[0]
-                x = self._prefill_member(r, NEW, False, now)
-                if b.mem + x.grow <= cap:
-                    self._pool_take(r)
-                    b.add(r, x)
-                    admit[r] = self._chunk(x)
+            limit = cap - max(0, -(-int(self._pred.prediction) // self._bs) - u_on)
+        if self.greedy:
+            self._greedy(b, now, limit, n_seqs, tokens, admit)
+        else:
+            self._fcfs_fill(b, now, limit, n_seqs, tokens, admit)
+        if not b.m:
+            # never idle the GPU over the reserve or a negative score: run one request
+            r = self._fcfs[0] if not self.greedy else self._candidates()[0]
+            x = self._prefill_member(r, NEW, False, now)
+            if b.mem + x.grow <= cap:
+                self._pool_take(r)
+                b.add(r, x)
+                admit[r] = self._chunk(x)
+
+    def _plan(self, b: _Batch, admit: dict[int, int]) -> BatchPlan:
+        """The step's plan: the admissions, the continued chunks, the preemptions."""
         plan = BatchPlan(prefill=admit, preempt=b.preempt)
         for r, x in b.m.items():
             if x.kind == CHUNK:
