@@ -23,9 +23,10 @@ model; the engine's :class:`~llmsched_gym.core.kv.KVCache` counts the same way):
 
 Some callers ask on purpose for a cruder figure than the exact one, and the ledger names each:
 :meth:`Ledger.admission` charges an admission its hit blocks as if newly allocated and
-:meth:`Ledger.held` counts shared blocks as freed (the batch former's rule, as vLLM's scheduler
-estimates), :meth:`Ledger.own` leaves shared blocks out (the decision point's). The exact verdict
-(:meth:`Ledger.shortfall`, :meth:`Ledger.victims`) replays the prefix cache's reference counts.
+:meth:`Ledger.held` counts shared blocks as freed (the batch former's rule), :meth:`Ledger.own`
+leaves shared blocks out and :meth:`Ledger.whole_prompt` ignores prefix hits (the decision point's).
+The exact verdict (:meth:`Ledger.shortfall`, :meth:`Ledger.victims`) replays the prefix cache's
+reference counts.
 """
 
 from __future__ import annotations
