@@ -130,6 +130,8 @@ class BatchBuilder:
         ``free`` is left as it is (the caller admits without checking)."""
         view, running = self.view, self.running
         if not preempt:  # only the budget matters: the first decodes run, the others pause
+            if self.budget == UNLIMITED:
+                return
             n_mid = view.n_in_prefill  # unfinished prefills, of which the preempted ones leave
             if n_mid and self._gone:
                 prefilled, target = view.prefilled, view.prefill_target
@@ -193,6 +195,10 @@ class BatchBuilder:
         the chunk (vLLM's ``long_prefill_token_threshold``)."""
         if self.budget <= 0 or (self.max_num_seqs is not None and self.seqs >= self.max_num_seqs):
             return False
+        if self.budget == UNLIMITED and not (check and self.memory):  # the whole prompt, nothing counted
+            self.prefill[rid] = BatchPlan.FULL
+            self.seqs += 1
+            return True
         led = self.ledger
         hit = led.kv.match_tokens(rid)
         left = int(led.target[rid]) - hit
