@@ -176,6 +176,8 @@ class _Batch:
 class EchoFamily(Scheduler):
     """Shared machinery of the four Echo policies; subclasses set the three axes."""
 
+    grows = False  # per-request arrays sized at the start (no cluster replica)
+
     use_estimator: ClassVar[bool] = True
     greedy: ClassVar[bool] = False
     task_aware: ClassVar[bool] = False

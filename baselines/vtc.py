@@ -183,6 +183,8 @@ class _FreeNow:
 class _FairAdmission(Scheduler):
     """Per-client FIFO queues and the LightLLM admission loop; subclasses choose the client."""
 
+    grows = False  # per-request arrays sized at the start (no cluster replica)
+
     params = ADMISSION_PARAMS
 
     def __init__(self, **kwargs: Any) -> None:

@@ -338,9 +338,12 @@ class Engine:
         self.non_terminating = False
         self.stop_reason = ""
         self.done = False
+        self.more_from: float | None = None  # see extend()
+        self._bufs: dict[str, np.ndarray] = {}
+        self._max_len = (int(workload.prompt_tokens.max()), int(workload.output_tokens.max())) if n else (0, 0)
         stall = config.stall_iterations
         if stall <= 0:
-            stall = max(20_000, 4 * int(workload.prompt_tokens.max() + workload.output_tokens.max())) if n else 20_000
+            stall = max(20_000, 4 * sum(self._max_len)) if n else 20_000
         self.stall_iterations = stall
         self.log = IterationLog(self.kv.capacity_tokens)
         self.batches: list[dict] = []
@@ -384,7 +387,61 @@ class Engine:
 
     @property
     def next_arrival_s(self) -> float:
-        return self._arrival[self.next_idx] if self.next_idx < self.n else math.inf
+        if self.next_idx < self.n:
+            return self._arrival[self.next_idx]
+        return math.inf if self.more_from is None else self.more_from
+
+    # ---- run-time arrivals (the cluster level) ------------------------------------------------
+    _GROWN = (("state", 0), ("prefilled", 0), ("prefill_target", None), ("generated", 0), ("kv_tokens", 0),
+              ("swapped", False), ("_stamp", 0), ("first_scheduled_s", math.nan), ("first_token_s", math.nan),
+              ("completion_s", math.nan), ("preemptions", 0), ("recomputed_tokens", 0), ("cached_tokens", 0))
+
+    def extend(self, workload: Workload) -> None:
+        """Requests placed on this engine at run time (a cluster's router, :mod:`llmsched_gym.core.cluster`).
+
+        ``workload`` is the current workload with rows appended (arrivals not earlier than the
+        last one); the new requests get the next ids. Per-request arrays grow by doubling, so a
+        request costs O(1) amortised. While ``more_from`` is a time (not ``None``), more requests
+        may still come, none arriving before it: :meth:`poll` then pauses (returns False without
+        finishing) when there is nothing to do, and ``next_arrival_s`` is at most ``more_from``.
+        An engine given its whole workload this way runs exactly as one constructed with it.
+        """
+        old, n = self.n, len(workload)
+        self.workload, self.n = workload, n
+        if self.view is not None:
+            self.view.rebind()
+        if n == old:
+            return
+        self._arrival.extend(workload.arrival_s[old:].tolist())
+        self._prompt, self._output = workload.prompt_tokens, workload.output_tokens
+        new_p, new_o = workload.prompt_tokens[old:], workload.output_tokens[old:]
+        cum = self._grow("_prompt_cum", n + 1)
+        cum[old + 1:] = cum[old] + np.cumsum(new_p)
+        for name, fill in self._GROWN:
+            a = self._grow(name, n)
+            a[old:] = new_p if fill is None else fill
+        self.kv.extend(workload)
+        self.ledger = Ledger.of(self)  # it holds the per-request arrays
+        need = -(-(new_p + new_o) // self.config.block_size)
+        big = np.flatnonzero(need > self.kv.capacity_blocks)
+        if len(big):
+            self._oversize = self._oversize | frozenset((big + old).tolist())
+        self._max_len = (max(self._max_len[0], int(new_p.max())), max(self._max_len[1], int(new_o.max())))
+        if self.config.stall_iterations <= 0:
+            self.stall_iterations = max(20_000, 4 * sum(self._max_len))
+
+    def _grow(self, name: str, n: int) -> np.ndarray:
+        """Attribute ``name`` (a per-request array) lengthened to ``n`` rows, a view of a buffer
+        that doubles when full; the new rows are for the caller to fill."""
+        a = getattr(self, name)
+        buf = self._bufs.get(name)
+        if buf is None or len(buf) < n:
+            buf = np.empty(max(n, 2 * len(a), 64), dtype=a.dtype)
+            buf[:len(a)] = a
+            self._bufs[name] = buf
+        out = buf[:n]
+        setattr(self, name, out)
+        return out
 
     def _noise_slice(self, it: int, k: int) -> np.ndarray:
         need = it + k
@@ -408,6 +465,8 @@ class Engine:
             if self.waiting or self.running:
                 return True
             if self.next_idx >= self.n:
+                if self.more_from is not None:  # more requests may be placed here: pause
+                    return False
                 self.stop_reason = "all requests finished"
                 self._finish()
                 return False

@@ -56,7 +56,8 @@ class KVCache:
         self.capacity_tokens = self.capacity_blocks * self.block_size
         self.used_blocks = 0
         n = len(workload)
-        self.shared = np.zeros(n, dtype=np.int64)
+        self.shared = self._shared_buf = np.zeros(n, dtype=np.int64)
+        self._want_prefix = bool(prefix_cache)
         self.enabled = bool(prefix_cache and workload.has_prefix)
         self.cap_prompt_minus_one = cap_prompt_minus_one
         self._prefix = workload.prefix
@@ -74,6 +75,19 @@ class KVCache:
         self._heap: list[tuple[float, int, int]] = []
         self._seq = 0
         self._count: dict[float, int] = {}
+
+    def extend(self, workload: Workload) -> None:
+        """The engine's workload grew (requests placed at run time): follow it. The prefix cache
+        turns on with the first request that has prefix segments (when ``prefix_cache``)."""
+        old, n = len(self.shared), len(workload)
+        if n > len(self._shared_buf):
+            buf = np.zeros(max(n, 2 * len(self._shared_buf), 64), dtype=np.int64)
+            buf[:old] = self.shared
+            self._shared_buf = buf
+        self.shared = self._shared_buf[:n]
+        self._prefix, self._prompt = workload.prefix, workload.prompt_tokens
+        if self._want_prefix and not self.enabled and workload.prefix is not None:
+            self.enabled = any(p for p in workload.prefix[old:])
 
     @property
     def used_tokens(self) -> int:
@@ -231,6 +245,16 @@ class KVCache:
             if r == 0:
                 idle += 1
         return m, idle
+
+    def match_hashes(self, hashes: list[int]) -> int:
+        """How many leading blocks of ``hashes`` (a prompt's chained block hashes, e.g. of a
+        request not placed here yet) the cache holds, used or idle."""
+        ref, n = self._ref, 0
+        for hsh in hashes:
+            if hsh not in ref:
+                break
+            n += 1
+        return n
 
     def references(self, hsh: int) -> int:
         """Running requests holding cached block ``hsh`` (0: idle, or not cached)."""

@@ -129,8 +129,12 @@ class EngineView:
 
     def __init__(self, engine: Engine) -> None:
         self._e = engine
-        self.information = information_of(engine.workload)
-        wl = engine.workload
+        self.rebind()
+
+    def rebind(self) -> None:
+        """Follow the engine's workload after it grew (:meth:`Engine.extend`)."""
+        wl = self._e.workload
+        self.information = information_of(wl)
         self._wl = wl if self.information == CLAIRVOYANT else GuardedWorkload(wl, self.information)
 
     @property
@@ -267,6 +271,9 @@ class Scheduler:
     name: ClassVar[str] = "base"
     params: ClassVar[dict[str, Any]] = {}
     engine_overrides: dict[str, Any] = {}
+    grows: ClassVar[bool] = True
+    """False for a policy that keeps per-request arrays sized when it starts: it cannot serve a
+    replica of a cluster, whose requests arrive at run time (:meth:`Engine.extend`)."""
 
     def reset(self, config: EngineConfig, rng: np.random.Generator) -> None:
         """Called once before a run; ``rng`` is the policy's own seeded stream."""
