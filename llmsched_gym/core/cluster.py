@@ -1,0 +1,464 @@
+"""The cluster level: N replicas of the engine behind a router that places each arrival.
+
+Each replica is an :class:`~llmsched_gym.core.engine.Engine` with its own KV and prefix cache,
+latency model (GPU, model and tensor parallelism may differ between replicas) and replica
+scheduler. A :class:`Router` sees every replica through a :class:`ClusterView` and picks one for
+each arriving request; the replica's engine receives it at run time (:meth:`Engine.extend`), with
+ids of its own (``local id -> global id`` in :attr:`Cluster.ids`), so a replica's memory is
+proportional to what it serves.
+
+What the router sees (the load signals):
+
+* ``refresh_s = 0`` (exact): every arrival is routed at its arrival time with each replica as it
+  stood at its last iteration boundary before then (no look-ahead: a replica in the middle of an
+  iteration shows the state in which it started it; a fast-forwarded decode run counts as one
+  iteration).
+* ``refresh_s > 0`` (stale, the default 0.1 s as vLLM's metrics and BLIS's snapshots): the
+  signals are a snapshot taken at the start of each ``refresh_s`` window, plus the router's own
+  record of what it placed since (``waiting``, ``outstanding`` and ``waiting_tokens`` count the
+  requests routed since the snapshot). All arrivals of a window are routed at its start, so each
+  replica then runs through the window knowing its arrivals and fast-forwards as one engine does.
+
+A replica learns of a request only when it is routed; an idle plan (``BatchPlan.wait``) waits at
+most until the next routing point, where the replica is asked again. With one replica the router
+has no choice: the whole workload goes to it at once and the run equals the plain engine's bit for
+bit (``tests/test_cluster.py`` checks every golden scenario).
+
+Results: :meth:`Cluster.summary` has the engine's summary keys for the cluster as a whole (as if
+one server answered every request; ``busy_frac`` and the KV fractions are the replicas' mean)
+plus ``cluster``: per-replica summaries, the requests each replica received, the prefix hit rate
+and the load imbalance (max over mean of the requests routed, and of the busy time).
+:meth:`Cluster.iteration_log` is every replica's log with a ``replica`` column.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from llmsched_gym.config import ConfigError
+from llmsched_gym.core.engine import Engine, EngineConfig
+from llmsched_gym.core.information import CLAIRVOYANT, GuardedWorkload, information_of
+from llmsched_gym.core.kv import KVCache
+from llmsched_gym.core.latency import LatencyModel
+from llmsched_gym.core.metrics import summarize
+from llmsched_gym.core.request import Workload
+from llmsched_gym.core.scheduler import Scheduler
+
+DEFAULT_REFRESH_S = 0.1
+"""Load-signal refresh interval of the stale mode (vLLM publishes its metrics every 100 ms; BLIS
+refreshes its router's snapshots at the same rate)."""
+
+
+class Router:
+    """Base class of every router (the cluster-level policy).
+
+    Subclasses set ``name`` and ``params`` (keyword parameters with their defaults) and implement
+    :meth:`route`. A router may keep state of its own (a round-robin counter, an approximate
+    prefix tree built from its routing history); :meth:`reset` starts it afresh, with its own
+    seeded ``rng``.
+    """
+
+    name: ClassVar[str] = "router"
+    params: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        unknown = set(params) - set(self.params)
+        if unknown:
+            raise ConfigError(f"router.{sorted(unknown)[0]}: unknown parameter of {self.name!r} "
+                              f"(allowed: {', '.join(self.params) or 'none'})")
+        for key, default in self.params.items():
+            setattr(self, key, params.get(key, default))
+
+    def reset(self, n_replicas: int, rng: np.random.Generator) -> None:
+        """Called once before a run."""
+        self.n_replicas = n_replicas
+        self.rng = rng
+
+    def route(self, rid: int, view: ClusterView) -> int:
+        """The replica (0 .. N-1) that serves request ``rid`` (a global id)."""
+        raise NotImplementedError
+
+
+@dataclass
+class Replica:
+    """One replica: engine settings, batch-time model and replica scheduler."""
+
+    config: EngineConfig
+    latency: LatencyModel
+    scheduler: Scheduler
+
+
+class ClusterView:
+    """What a router reads: per-replica load signals (NumPy arrays indexed by replica) and
+    per-request queries.
+
+    ========================  ==============================================================
+    ``now``                   the routing time (s)
+    ``n_replicas``            N
+    ``waiting``               requests queued at each replica (snapshot + routed since)
+    ``running``               requests in each replica's running set (snapshot)
+    ``outstanding``           ``waiting + running``: routed and not finished
+    ``waiting_tokens``        prompt tokens queued at each replica, to prefill
+    ``kv_used``               KV tokens in use (snapshot; prefix-cache blocks held by running
+                              requests count, idle cached blocks do not)
+    ``kv_capacity``           KV capacity in tokens
+    ``routed``                requests routed to each replica so far
+    ``workload``              the cluster's workload (global ids); ``output_tokens`` is hidden
+                              by the information model as in :class:`EngineView`
+    ``prompt_tokens``         prompt length per request (global ids)
+    ========================  ==============================================================
+
+    ``prefix_hit(rid)`` gives, per replica, the prompt tokens of ``rid`` found in its prefix
+    cache now (what the replica's KV events would tell llm-d's precise scorer);
+    ``block_hashes(rid)`` the request's chained prompt-block hashes (the keys of an approximate
+    prefix index); ``can_take(rid)`` the replicas whose KV can hold the request at all.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._c = cluster
+        n = len(cluster.replicas)
+        self.n_replicas = n
+        self.now = 0.0
+        self.waiting = np.zeros(n, dtype=np.int64)
+        self.running = np.zeros(n, dtype=np.int64)
+        self.outstanding = np.zeros(n, dtype=np.int64)
+        self.waiting_tokens = np.zeros(n, dtype=np.int64)
+        self.kv_used = np.zeros(n, dtype=np.int64)
+        self.kv_capacity = np.array([e.kv.capacity_tokens for e in cluster.engines], dtype=np.int64)
+        self.routed = np.zeros(n, dtype=np.int64)
+        self.block_size = np.array([e.kv.block_size for e in cluster.engines], dtype=np.int64)
+        wl = cluster.workload
+        info = information_of(wl)
+        self.workload = wl if info == CLAIRVOYANT else GuardedWorkload(wl, info)
+        self.prompt_tokens = cluster.workload.prompt_tokens
+
+    @property
+    def predicted_output(self) -> np.ndarray:
+        return self.workload.predicted_output
+
+    def block_hashes(self, rid: int, block_size: int | None = None) -> list[int]:
+        """Chained hashes of ``rid``'s full shareable prompt blocks (blocks of ``block_size``,
+        default replica 0's), as the replicas' prefix caches key them."""
+        return self._c.hasher(int(self.block_size[0]) if block_size is None else block_size).block_hashes(rid)
+
+    def prefix_hit(self, rid: int) -> np.ndarray:
+        """Per replica: prompt tokens of ``rid`` its prefix cache holds now (0 without prefixes)."""
+        out = np.zeros(self.n_replicas, dtype=np.int64)
+        if not self._c.has_prefix:
+            return out
+        cap = int(self.prompt_tokens[rid]) - 1
+        for r, e in enumerate(self._c.engines):
+            kv = e.kv
+            if kv.enabled:
+                m = kv.match_hashes(self.block_hashes(rid, kv.block_size)) * kv.block_size
+                out[r] = min(m, cap) if kv.cap_prompt_minus_one else m
+        return out
+
+    def can_take(self, rid: int) -> np.ndarray:
+        """Per replica: its KV capacity holds ``rid``'s prompt and output (else it would reject it)."""
+        wl = self._c.workload
+        need = -(-(int(wl.prompt_tokens[rid]) + int(wl.output_tokens[rid])) // self.block_size)
+        return need * self.block_size <= self.kv_capacity
+
+
+_ROW_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class",
+               "type_id", "ttft_slo_s", "tpot_slo_s")
+
+
+class _Rows:
+    """A replica's requests: growable copies of the global workload's rows (doubling buffers)."""
+
+    def __init__(self, wl: Workload) -> None:
+        self.n = 0
+        self.gids = np.zeros(64, dtype=np.int64)
+        self.bufs = {f: np.zeros(64, dtype=getattr(wl, f).dtype) for f in _ROW_FIELDS}
+        self.prefix: list | None = [] if wl.prefix is not None else None
+        self.wl = wl
+
+    def add(self, gids: list[int]) -> Workload:
+        n0, k = self.n, len(gids)
+        n = n0 + k
+        if n > len(self.gids):
+            cap = max(n, 2 * len(self.gids))
+            self.gids = _resized(self.gids, cap)
+            self.bufs = {f: _resized(b, cap) for f, b in self.bufs.items()}
+        idx = np.asarray(gids, dtype=np.int64)
+        self.gids[n0:n] = idx
+        for f, b in self.bufs.items():
+            b[n0:n] = getattr(self.wl, f)[idx]
+        if self.prefix is not None:
+            p = self.wl.prefix
+            self.prefix.extend(p[g] for g in gids)
+        self.n = n
+        return self.workload()
+
+    def workload(self) -> Workload:
+        """The rows so far as a :class:`Workload` of views (the global rows were validated)."""
+        wl = object.__new__(Workload)
+        for f in _ROW_FIELDS:
+            setattr(wl, f, self.bufs[f][:self.n])
+        wl.prefix = self.prefix
+        wl.client_weight = self.wl.client_weight
+        wl.meta = self.wl.meta
+        return wl
+
+
+def _resized(a: np.ndarray, cap: int) -> np.ndarray:
+    out = np.zeros(cap, dtype=a.dtype)
+    out[:len(a)] = a
+    return out
+
+
+class Cluster:
+    """N replicas behind a router (see the module docstring).
+
+    :param workload: the requests (global ids = rows).
+    :param replicas: one :class:`Replica` per replica (settings may differ between replicas).
+    :param router: the routing policy.
+    :param seed: seeds replica 0's engine as :class:`Engine` would (so one replica is the plain
+        engine), the other replicas' engines from ``(seed, r)``, and the router's ``rng``.
+    :param refresh_s: load-signal refresh interval (0 = exact, at every arrival).
+    """
+
+    def __init__(self, workload: Workload, replicas: Sequence[Replica], router: Router, seed: int = 0,
+                 refresh_s: float = DEFAULT_REFRESH_S) -> None:
+        if not replicas:
+            raise ConfigError("cluster.replicas: expected at least one replica, got none")
+        if not (isinstance(refresh_s, int | float) and math.isfinite(refresh_s) and refresh_s >= 0):
+            raise ConfigError(f"cluster.refresh_s: expected a number of seconds >= 0, got {refresh_s!r}")
+        if len(replicas) > 1:
+            for r, rep in enumerate(replicas):
+                if not rep.scheduler.grows:
+                    raise ConfigError(f"cluster.replicas[{r}].policy: {rep.scheduler.name!r} keeps per-request arrays "
+                                      "sized when it starts, so it cannot serve a replica whose requests arrive at "
+                                      "run time; pick another policy (fcfs, vllm-v1, sarathi, sjf, lpm, ...)")
+        self.workload = workload
+        self.replicas = list(replicas)
+        self.router = router
+        self.seed = seed
+        self.refresh_s = float(refresh_s)
+        self.has_prefix = workload.has_prefix
+        self._rows = [_Rows(workload) for _ in self.replicas]
+        empty = self._rows[0].workload()
+        self.engines = [Engine(empty, r.config, r.latency, r.scheduler, seed=_replica_seed(seed, i))
+                        for i, r in enumerate(self.replicas)]
+        self.placement = np.full(len(workload), -1, dtype=np.int64)
+        """The replica each request was routed to (-1: not routed: it arrives after the horizon)."""
+        self._hashers: dict[int, KVCache] = {}
+        self.view = ClusterView(self)
+        router.reset(len(self.replicas), np.random.default_rng(np.random.SeedSequence([seed, 0x0A7E])))
+        self._signals = [(0, 0, 0, 0)] * len(self.replicas)
+        self.done = False
+
+    @property
+    def ids(self) -> list[np.ndarray]:
+        """Per replica: the global id of each of its local ids."""
+        return [rows.gids[:rows.n] for rows in self._rows]
+
+    def hasher(self, block_size: int) -> KVCache:
+        """A prefix-hash index of the global workload (no memory accounting: its hashes only)."""
+        h = self._hashers.get(block_size)
+        if h is None:
+            h = self._hashers[block_size] = KVCache(block_size, block_size, self.workload, True, False)
+        return h
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Route every arrival and run every replica to the end."""
+        wl, engines = self.workload, self.engines
+        n = len(wl)
+        if len(engines) == 1:  # no choice to make: the whole workload at once, as the plain engine
+            if n:
+                self.placement[:] = 0
+                self.view.routed[0] = n
+                engines[0].extend(self._rows[0].add(list(range(n))))
+            engines[0].run()
+            self.done = True
+            return
+        arrival = wl.arrival_s.tolist()
+        horizon = min((e.config.horizon_s for e in engines if e.config.horizon_s is not None), default=math.inf)
+        i = 0
+        while i < n and arrival[i] <= horizon:
+            t = arrival[i]
+            if self.refresh_s > 0:
+                start = math.floor(t / self.refresh_s) * self.refresh_s
+                end = start + self.refresh_s
+                j = bisect.bisect_left(arrival, end, lo=i)
+            else:
+                start = t
+                j = bisect.bisect_right(arrival, t, lo=i)
+            j = min(j, bisect.bisect_right(arrival, horizon, lo=i))
+            self._advance(start)
+            self._route(i, j, start)
+            i = j
+        for e in engines:
+            e.more_from = None
+            e.run()
+        self.done = True
+
+    def _advance(self, limit: float) -> None:
+        """Run every replica up to its first iteration boundary at or after ``limit`` (or until it
+        pauses without work), then read the load signals the router will see."""
+        view = self.view
+        for r, e in enumerate(self.engines):
+            e.more_from = limit
+            sched, ev = e.scheduler, e.view
+            sig = None
+            while e.clock < limit and e.poll():
+                sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
+                e.execute(sched.schedule(ev))
+            if sig is None or e.clock <= limit:  # at a boundary (or paused): the state as it is
+                sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
+            pending = e.n - e.next_idx  # routed here, not yet arrived in the engine
+            view.waiting[r] = sig[0] + pending
+            view.running[r] = sig[1]
+            view.kv_used[r] = sig[2]
+            view.waiting_tokens[r] = sig[3] + int(e._prompt_cum[e.n] - e._prompt_cum[e.next_idx])
+        view.outstanding[:] = view.waiting + view.running
+
+    def _route(self, i: int, j: int, now: float) -> None:
+        view, router, prompt = self.view, self.router, self.workload.prompt_tokens
+        view.now = now
+        n_rep = len(self.engines)
+        batches: list[list[int]] = [[] for _ in range(n_rep)]
+        for rid in range(i, j):
+            r = router.route(rid, view)
+            if not (isinstance(r, int | np.integer) and 0 <= r < n_rep):
+                raise ConfigError(f"router {router.name!r}: route({rid}) returned {r!r}, not a replica in 0..{n_rep - 1}")
+            r = int(r)
+            self.placement[rid] = r
+            batches[r].append(rid)
+            view.waiting[r] += 1
+            view.outstanding[r] += 1
+            view.routed[r] += 1
+            view.waiting_tokens[r] += int(prompt[rid])
+        for r, b in enumerate(batches):
+            if b:
+                self.engines[r].extend(self._rows[r].add(b))
+
+    # ---- results --------------------------------------------------------------------------
+    def records(self) -> _Merged:
+        """The replicas' per-request records in global id order (what :func:`summarize` reads)."""
+        return _Merged(self)
+
+    def summary(self, scenario: str = "", policy: str = "", wall_time_s: float = 0.0) -> dict[str, Any]:
+        """The cluster summary (see the module docstring); one replica: the engine's summary plus
+        ``cluster``."""
+        engines = self.engines
+        if len(engines) == 1:
+            s = summarize(engines[0], scenario, policy, wall_time_s)
+        else:
+            s = summarize(self.records(), scenario, policy, wall_time_s)
+        per = [summarize(e, scenario, policy) for e in engines]
+        routed = self.view.routed.astype(float)
+        busy = np.array([e.busy_time for e in engines])
+        hit = sum(p.get("prefix_hit_tokens", 0) for p in per)
+        s["cluster"] = {
+            "n_replicas": len(engines),
+            "router": self.router.name,
+            "refresh_s": self.refresh_s,
+            "routed": [int(x) for x in routed],
+            "load_imbalance": float(routed.max() / routed.mean()) if routed.sum() else 1.0,
+            "busy_imbalance": float(busy.max() / busy.mean()) if busy.sum() else 1.0,
+            "prefix_hit_rate": s.get("prefix_hit_rate", 0.0),
+            "prefix_hit_tokens": int(hit),
+            "replicas": [{k: p[k] for k in _REPLICA_KEYS if k in p} for p in per],
+        }
+        return s
+
+    def request_table(self) -> dict[str, np.ndarray]:
+        """Per-request records of every arrived request (global ids), with its ``replica``."""
+        from llmsched_gym.core.metrics import request_table
+
+        t = request_table(self.engines[0] if len(self.engines) == 1 else self.records())
+        t["replica"] = self.placement[t["id"]]
+        return t
+
+    def iteration_log(self) -> dict[str, np.ndarray]:
+        """Every replica's iteration log, ordered by start time, with a ``replica`` column."""
+        logs = [e.iteration_log() for e in self.engines]
+        cols = {k: np.concatenate([lg[k] for lg in logs]) for k in logs[0]}
+        cols["replica"] = np.concatenate([np.full(len(lg["t_start"]), r, dtype=np.int64) for r, lg in enumerate(logs)])
+        order = np.argsort(cols["t_start"], kind="stable")
+        return {k: v[order] for k, v in cols.items()}
+
+
+_REPLICA_KEYS = ("n_arrived", "n_completed", "n_rejected", "n_unfinished", "iterations", "busy_frac",
+                 "kv_peak_frac", "kv_mean_frac", "preemptions", "prefix_hit_rate", "ttft_s", "e2e_s",
+                 "throughput_tokens_per_s", "stop_reason")
+
+
+def _replica_seed(seed: int, r: int) -> int:
+    return seed if r == 0 else int(np.random.SeedSequence([seed, r]).generate_state(1)[0])
+
+
+_PER_REQUEST = ("state", "completion_s", "first_token_s", "first_scheduled_s", "prefilled", "generated",
+                "preemptions", "recomputed_tokens", "cached_tokens")
+_SUMMED = ("n_iterations", "total_decoded", "n_preempt_events", "n_overflow_events", "n_clears",
+           "discarded_tokens", "total_prefill_tokens")
+
+
+class _MergedKV:
+    def __init__(self, engines: list[Engine]) -> None:
+        self.block_size = engines[0].kv.block_size
+        self.capacity_tokens = sum(e.kv.capacity_tokens for e in engines)
+        self.evicted_blocks = sum(e.kv.evicted_blocks for e in engines)
+
+
+class _MergedLog:
+    def __init__(self, cluster: Cluster) -> None:
+        self._c = cluster
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return self._c.iteration_log()
+
+
+class _Merged:
+    """The replicas' records as one engine's (global ids), for :func:`summarize` and
+    :func:`request_table`. KV and busy figures: totals over the replicas, so that ``busy_frac``
+    and the KV fractions are the replicas' means (the block size is replica 0's)."""
+
+    def __init__(self, c: Cluster) -> None:
+        engines = c.engines
+        n = len(c.workload)
+        self.workload = c.workload
+        self.seed = c.seed
+        self.latency = engines[0].latency
+        for name in _PER_REQUEST:
+            a = getattr(engines[0], name)
+            out = np.zeros(n, dtype=a.dtype) if a.dtype != np.float64 else np.full(n, np.nan)
+            for e, ids in zip(engines, c.ids, strict=True):
+                out[ids] = getattr(e, name)
+            setattr(self, name, out)
+        for name in _SUMMED:
+            setattr(self, name, sum(getattr(e, name) for e in engines))
+        k = len(engines)
+        self.clock = max(e.clock for e in engines)
+        self.kv = _MergedKV(engines)
+        # peak and time integral in replica-0 blocks over the total capacity: the mean replica
+        bs = self.kv.block_size
+        self.kv_peak_blocks = sum(e.kv_peak_blocks * e.kv.block_size for e in engines) / bs
+        self.kv_time_integral = sum(e.kv_time_integral * e.kv.block_size for e in engines) / bs
+        self.busy_time = sum(e.busy_time for e in engines) / k
+        self.non_terminating = any(e.non_terminating for e in engines)
+        reasons = sorted({e.stop_reason for e in engines})
+        self.stop_reason = "; ".join(reasons)
+        self.log = _MergedLog(c)
+        self.reject_reason = {int(ids[i]): why for e, ids in zip(engines, c.ids, strict=True)
+                              for i, why in e.reject_reason.items()}
+        self.engine = self  # read as a finished run (the fairness report)
+
+    @property
+    def requests(self) -> dict[str, np.ndarray]:
+        from llmsched_gym.core.metrics import request_table
+
+        return request_table(self)
+
+
+__all__ = ["DEFAULT_REFRESH_S", "Cluster", "ClusterView", "Replica", "Router"]
