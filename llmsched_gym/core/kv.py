@@ -115,25 +115,23 @@ class KVCache:
                 return h
             h = []
             if segs:
+                # block b's key chains block b-1's with the pieces of segments inside block b
+                # ((segment, first offset, end offset)): O(blocks + segments) per prefix
                 bs = self.block_size
-                pieces: list[tuple[int, int]] = []
-                pos = 0
+                prev = fill = 0
+                pieces: list[tuple[int, int, int]] = []
                 for seg_id, n_tok in segs:
-                    pieces.append((seg_id, n_tok))
-                    pos += n_tok
-                head = pos
-                prev = 0
-                for b in range(head // bs):
-                    end = (b + 1) * bs
-                    covered = []
-                    acc = 0
-                    for seg_id, n_tok in pieces:
-                        if acc >= end:
-                            break
-                        covered.append((seg_id, min(n_tok, end - acc)))
-                        acc += n_tok
-                    prev = hash((prev, tuple(covered)))
-                    h.append(prev)
+                    off = 0
+                    while off < n_tok:
+                        take = min(n_tok - off, bs - fill)
+                        pieces.append((seg_id, off, off + take))
+                        off += take
+                        fill += take
+                        if fill == bs:
+                            prev = hash((prev, tuple(pieces)))
+                            h.append(prev)
+                            pieces.clear()
+                            fill = 0
                 self._by_segments[segs] = h
             self._hashes[rid] = h
         return h
