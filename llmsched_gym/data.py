@@ -77,6 +77,8 @@ class Dataset:
 _VTC_URL = ("https://raw.githubusercontent.com/Ying1123/VTC-artifact/192c2e2014c69c8c6c699d7113c3822e4db632e6/"
             "fair_bench/FCFS/all_results_real.jsonl")
 _AZURE_URL = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/AzureLLMInferenceTrace_conv.csv"
+_MOONCAKE_URL = ("https://raw.githubusercontent.com/kvcache-ai/Mooncake/a2a4b18ac537fd798d50e6e9f57031ce86419a37/"
+                 "FAST25-release/traces/conversation_trace.jsonl")
 _VIDUR_URL = "https://raw.githubusercontent.com/microsoft/vidur/7d47513/data/profiling/compute/"
 _VIDUR = (  # name suffix, folder under data/profiling/compute/, sha256, size (Vidur commit 7d47513)
     ("a100/llama-2-7b", "a100/meta-llama/Llama-2-7b-hf",
@@ -111,6 +113,15 @@ DATASETS: dict[str, Dataset] = {
         "Sheng et al. 2024, \"Fairness in Serving Large Language Models\", OSDI 2024",
         derive="vtc-results",
         source_sha256="21cd8b32e861bef81de244744487e9d051fa82d2d047cc03333890052565dd3f", source_size=288_910),
+    "mooncake-conv": Dataset(
+        "mooncake-conv", "traces/mooncake_conversation_trace.jsonl", _MOONCAKE_URL,
+        "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df", 3_029_533,
+        "Mooncake (Kimi) conversation trace: 12,031 requests over 59 min, one JSON object a line with "
+        "timestamp (ms), input_length, output_length and hash_ids (the prompt's 512-token prefix blocks) "
+        "(github.com/kvcache-ai/Mooncake, FAST25-release/traces/conversation_trace.jsonl)",
+        "Apache-2.0",
+        "Qin et al. 2025, \"Mooncake: Trading More Storage for Less Computation - A KVCache-centric "
+        "Architecture for Serving LLM Chatbot\", FAST 2025"),
     **{f"vidur:{short}": Dataset(
         f"vidur:{short}", f"profiles/vidur/{folder}/mlp.csv", f"{_VIDUR_URL}{folder}/mlp.csv", sha, size,
         f"Vidur's measured per-layer operator timings (non-attention) for {folder.split('/')[-1]} on "

@@ -28,6 +28,10 @@ Formats (``FORMATS``):
   Rows with the same ``prefix_group`` label share a prefix segment (ids numbered from
   ``first_segment_id`` in order of first appearance) of ``prefix_tokens`` tokens, or, when that is
   absent or empty, of the group's shortest prompt. An empty group means no shared prefix.
+* ``mooncake``: the Mooncake traces (Qin et al., FAST 2025): one JSON object a line with
+  ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``, the prompt's
+  512-token blocks (equal ids = equal prefix blocks); the blocks become prefix segments (see
+  :func:`load_mooncake`).
 * ``sharegpt``: a JSON list of ``{"conversations": [{"from": ..., "value": ...}, ...]}``; lengths
   only (see :func:`load_sharegpt`).
 
@@ -53,8 +57,11 @@ from llmsched_gym.core.request import MAX_ARRIVAL_S, MAX_TOKENS, Segments, Workl
 from llmsched_gym.core.workload.arrivals import gamma, poisson
 from llmsched_gym.core.workload.lengths import lognormal
 
-FORMATS = ("azure", "vtc", "csv", "jsonl", "sharegpt")
-DEFAULT_FILES = {"azure": "AzureLLMInferenceTrace_conv.csv", "vtc": "vtc_arena_real_trace.csv"}
+FORMATS = ("azure", "vtc", "csv", "jsonl", "sharegpt", "mooncake")
+DEFAULT_FILES = {"azure": "AzureLLMInferenceTrace_conv.csv", "vtc": "vtc_arena_real_trace.csv",
+                 "mooncake": "mooncake_conversation_trace.jsonl"}
+MOONCAKE_BLOCK = 512
+"""Tokens per ``hash_ids`` entry of the Mooncake traces (the last block of a prompt may be partial)."""
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 VTC_HEADER = ("arrival_s", "client", "prompt_tokens", "output_tokens")
 GENERIC_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "client", "prefix_group", "prefix_tokens")
@@ -391,6 +398,57 @@ def load_jsonl(path: str | os.PathLike, *, on_zero: str = "error", first_segment
     return _generic(_Table(src, lines, used), "jsonl", path, on_zero, first_segment_id)
 
 
+def load_mooncake(path: str | os.PathLike, *, on_zero: str = "error") -> Workload:
+    """A Mooncake trace (Qin et al., "Mooncake: Trading More Storage for Less Computation", FAST
+    2025; github.com/kvcache-ai/Mooncake, ``FAST25-release/traces``).
+
+    Block ``j`` of ``hash_ids`` covers prompt tokens ``[512 j, 512 (j + 1))`` (the last one what is
+    left of ``input_length``) and becomes the prefix segment ``(hash_id, tokens)``: two requests
+    share their first ``k`` blocks exactly when their first ``k`` ids agree, which is what the
+    trace's ids mean, so the replicas' prefix caches reuse exactly the blocks the trace repeats.
+    A row whose ``hash_ids`` do not cover ``input_length`` in 512-token blocks is an error.
+    """
+    path = Path(path)
+    src = path.name
+    keys = ("timestamp", "input_length", "output_length", "hash_ids")
+    lines: list[int] = []
+    cols: dict[str, list[str]] = {k: [] for k in keys[:3]}
+    prefix: list[Segments | None] = []
+    for lineno, text in enumerate(_read_text(path).split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text, object_pairs_hook=_unique_keys)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got invalid JSON ({e.msg})") from None
+        except _DuplicateKey as e:
+            raise TraceError(f"{src}:{lineno}: {e.args[0]}: key appears twice") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got {text.strip()[:40]!r}")
+        for key in keys:
+            if key not in obj:
+                raise TraceError(f"{src}:{lineno}: {key}: required key is missing")
+        lines.append(lineno)
+        for key in keys[:3]:
+            v = obj[key]
+            cols[key].append(v if isinstance(v, str) else json.dumps(v))
+        ids = obj["hash_ids"]
+        length = obj["input_length"]
+        if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
+            raise TraceError(f"{src}:{lineno}: hash_ids: expected a list of integers, got {json.dumps(ids)[:40]}")
+        if isinstance(length, int) and length > 0 and len(ids) != -(-length // MOONCAKE_BLOCK):
+            raise TraceError(f"{src}:{lineno}: hash_ids: expected {-(-length // MOONCAKE_BLOCK)} blocks of "
+                             f"{MOONCAKE_BLOCK} tokens for input_length {length}, got {len(ids)}")
+        prefix.append(tuple((h, min(MOONCAKE_BLOCK, length - MOONCAKE_BLOCK * j)) for j, h in enumerate(ids)) or None)
+    if not lines:
+        raise TraceError(f"{src}:1: row: expected at least one JSON object, got none")
+    t = _Table(src, lines, cols)
+    arrival = t.floats("timestamp") / 1000.0
+    arrival = arrival - arrival.min()
+    return _finish(t, arrival, "mooncake", path, prompt_tokens=t.ints("input_length", on_zero=on_zero),
+                   output_tokens=t.ints("output_length", on_zero=on_zero), prefix=prefix)
+
+
 def load_sharegpt(path: str | os.PathLike, arrivals: Callable[[int], np.ndarray] | np.ndarray, *,
                   n: int | None = None, on_zero: str = "error") -> Workload:
     """ShareGPT JSON (lengths only): the first human turn is the prompt, the reply after it the
@@ -443,7 +501,7 @@ def load_sharegpt(path: str | os.PathLike, arrivals: Callable[[int], np.ndarray]
 def load_trace(fmt: str, path: str | os.PathLike, *, on_zero: str = "error") -> Workload:
     """Dispatch on ``fmt`` in ``azure``, ``vtc``, ``csv``, ``jsonl`` (ShareGPT needs arrivals:
     call :func:`load_sharegpt`)."""
-    loaders = {"azure": load_azure, "vtc": load_vtc, "csv": load_csv, "jsonl": load_jsonl}
+    loaders = {"azure": load_azure, "vtc": load_vtc, "csv": load_csv, "jsonl": load_jsonl, "mooncake": load_mooncake}
     if fmt not in loaders:
         raise TraceError(f"format: unknown value {fmt!r} (allowed: {', '.join(loaders)})")
     if on_zero not in ("error", "clip"):
@@ -545,5 +603,20 @@ def synthetic_vtc_arena(seed: int, n: int = 1500) -> Workload:
                     meta={"format": "vtc", "source": "synthetic", "seed": seed})
 
 
-SYNTHETIC = {"azure": synthetic_azure_conv, "vtc": synthetic_vtc_arena}
+def synthetic_mooncake_conv(seed: int, n: int = 12031) -> Workload:
+    """A stand-in for the Mooncake conversation trace when the file is absent: two-turn sessions
+    (:func:`llmsched_gym.core.sessions.prefix_groups`) at 3.4 requests/s behind one shared
+    512-token system block, questions of 7,570 tokens and answers of 343 on average (Gamma, CV 1).
+    It matches the trace's mean input (12,035 tokens), mean output (343) and share of repeated
+    prompt blocks (37%) to within a few percent; the 30 s between turns is our choice (the trace
+    does not say)."""
+    from llmsched_gym.core.sessions import prefix_groups
+
+    wl = prefix_groups(n, 3.4, groups=1, system_tokens=MOONCAKE_BLOCK, question_tokens=7570, output_tokens=343,
+                       turns=2, think_s=30.0, rng=np.random.default_rng([seed, 0x300C]), length_cv=1.0)
+    wl.meta = {"format": "mooncake", "source": "synthetic", "seed": seed}
+    return wl
+
+
+SYNTHETIC = {"azure": synthetic_azure_conv, "vtc": synthetic_vtc_arena, "mooncake": synthetic_mooncake_conv}
 """Fallbacks for the shipped traces' formats, used when the file is absent and no path was given."""
