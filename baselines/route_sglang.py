@@ -20,8 +20,8 @@ Defaults are those of the router's command line (``--cache-threshold 0.3
 --max-tree-size 67108864``; the library's ``CacheAwareConfig::default`` has 0.5 / 32 / 1.1 / 30 /
 10000). Departures: SGLang's tree is a character-level radix tree of the prompt text and its size
 counts characters; ours keys prompt blocks of ``block`` tokens (:mod:`baselines.route_index`) and
-counts tokens; only the shareable head of a prompt is inserted (the rest cannot match); ties in
-the match go to the lowest worker index.
+counts tokens; the unique tail of a prompt (beyond its prefix segments) is inserted as keys that
+never match; ties in the match go to the lowest worker index.
 """
 
 from __future__ import annotations
@@ -66,5 +66,8 @@ class CacheAware(Router):
                 r = best
             else:
                 r = min(range(self.n_replicas), key=lambda i: len(self.trees[i]))
-        self.trees[r].insert(hashes, evict=False)
+        # the whole prompt enters the tree, as SGLang inserts the request's text: the unique tail
+        # as keys of its own (they never match), so tree sizes grow with the traffic each received
+        tail = -(-(int(view.prompt_tokens[rid]) - len(hashes) * int(self.block)) // int(self.block))
+        self.trees[r].insert(hashes + [(rid, b) for b in range(tail)], evict=False)
         return r

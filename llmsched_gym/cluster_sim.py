@@ -24,6 +24,7 @@ from llmsched_gym.core.cluster import DEFAULT_REFRESH_S, Cluster, Replica, Route
 from llmsched_gym.core.engine import EngineConfig
 from llmsched_gym.core.information import information_of
 from llmsched_gym.core.latency import make_latency
+from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
 from llmsched_gym.sim import make_policy
 
@@ -43,13 +44,15 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
                  router: str | Router = "round-robin", n_replicas: int = 1, seed: int = 0,
                  overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
                  refresh_s: float = DEFAULT_REFRESH_S,
-                 replica_overrides: dict[int, dict[str, Any]] | None = None) -> tuple[Cluster, dict[str, Any]]:
+                 replica_overrides: dict[int, dict[str, Any]] | None = None,
+                 workload: Workload | None = None) -> tuple[Cluster, dict[str, Any]]:
     """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`)."""
     if not isinstance(n_replicas, int) or isinstance(n_replicas, bool) or not 1 <= n_replicas <= 4096:
         raise ConfigError(f"cluster.n_replicas: expected an integer in 1..4096, got {n_replicas!r}")
     spec = resolve_scenario(scenario, overrides)
     pol = spec.get("policy", "fcfs") if policy is None else policy
-    workload, config, latency = build_scenario(spec, seed)
+    built, config, latency = build_scenario(spec, seed)
+    workload = built if workload is None else workload
     from baselines import check_applicable
     from baselines.routers import make_router
 
@@ -80,7 +83,8 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
                      router: str | Router = "round-robin", n_replicas: int = 1, seed: int = 0,
                      overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
                      refresh_s: float = DEFAULT_REFRESH_S,
-                     replica_overrides: dict[int, dict[str, Any]] | None = None) -> ClusterResult:
+                     replica_overrides: dict[int, dict[str, Any]] | None = None,
+                     workload: Workload | None = None) -> ClusterResult:
     """Run ``scenario`` on ``n_replicas`` replicas of ``policy`` behind ``router``.
 
     :param scenario: as :func:`llmsched_gym.sim.simulate` (name, ``.yml`` file, trace or dict).
@@ -93,10 +97,12 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
     :param refresh_s: load-signal refresh interval (0 = exact at every arrival).
     :param replica_overrides: per replica index, ``policy``, ``latency`` and ``engine`` fields that
         replace the scenario's for that replica.
+    :param workload: requests to run instead of the scenario's (e.g. from
+        :func:`llmsched_gym.core.sessions.prefix_groups`), on the scenario's engine settings.
     """
     t0 = time.perf_counter()
     cluster, spec = make_cluster(scenario, policy, router, n_replicas, seed, overrides, router_params, refresh_s,
-                                 replica_overrides)
+                                 replica_overrides, workload)
     cluster.run()
     wall = time.perf_counter() - t0
     summary = cluster.summary(spec.get("name", "custom"), cluster.engines[0].scheduler.name, wall)

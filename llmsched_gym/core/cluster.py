@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -270,7 +270,20 @@ class Cluster:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
-        """Route every arrival and run every replica to the end."""
+        """Route every arrival with the router and run every replica to the end."""
+        steps, route, view = self.decisions(), self.router.route, self.view
+        try:
+            rid = next(steps)
+            while True:
+                rid = steps.send(route(rid, view))
+        except StopIteration:
+            pass
+
+    def decisions(self) -> Generator[int, int, None]:
+        """The run as a generator: it yields the global id of each request to route (the view is
+        then current) and takes the chosen replica back through ``send``; it returns when every
+        replica has finished. :meth:`run` drives it with the router; the routing env drives it
+        with an agent. With one replica nothing is yielded (there is no choice)."""
         wl, engines = self.workload, self.engines
         n = len(wl)
         if len(engines) == 1:  # no choice to make: the whole workload at once, as the plain engine
@@ -283,19 +296,35 @@ class Cluster:
             return
         arrival = wl.arrival_s.tolist()
         horizon = min((e.config.horizon_s for e in engines if e.config.horizon_s is not None), default=math.inf)
+        view, prompt, n_rep = self.view, wl.prompt_tokens, len(engines)
         i = 0
         while i < n and arrival[i] <= horizon:
             t = arrival[i]
             if self.refresh_s > 0:
                 start = math.floor(t / self.refresh_s) * self.refresh_s
-                end = start + self.refresh_s
-                j = bisect.bisect_left(arrival, end, lo=i)
+                j = bisect.bisect_left(arrival, start + self.refresh_s, lo=i)
             else:
                 start = t
                 j = bisect.bisect_right(arrival, t, lo=i)
             j = min(j, bisect.bisect_right(arrival, horizon, lo=i))
             self._advance(start)
-            self._route(i, j, start)
+            view.now = start
+            batches: list[list[int]] = [[] for _ in range(n_rep)]
+            for rid in range(i, j):
+                r = yield rid
+                if not (isinstance(r, int | np.integer) and not isinstance(r, bool) and 0 <= r < n_rep):
+                    raise ConfigError(f"router {self.router.name!r}: route({rid}) returned {r!r}, "
+                                      f"not a replica in 0..{n_rep - 1}")
+                r = int(r)
+                self.placement[rid] = r
+                batches[r].append(rid)
+                view.waiting[r] += 1
+                view.outstanding[r] += 1
+                view.routed[r] += 1
+                view.waiting_tokens[r] += int(prompt[rid])
+            for r, b in enumerate(batches):
+                if b:
+                    engines[r].extend(self._rows[r].add(b))
             i = j
         for e in engines:
             e.more_from = None
@@ -321,26 +350,6 @@ class Cluster:
             view.kv_used[r] = sig[2]
             view.waiting_tokens[r] = sig[3] + int(e._prompt_cum[e.n] - e._prompt_cum[e.next_idx])
         view.outstanding[:] = view.waiting + view.running
-
-    def _route(self, i: int, j: int, now: float) -> None:
-        view, router, prompt = self.view, self.router, self.workload.prompt_tokens
-        view.now = now
-        n_rep = len(self.engines)
-        batches: list[list[int]] = [[] for _ in range(n_rep)]
-        for rid in range(i, j):
-            r = router.route(rid, view)
-            if not (isinstance(r, int | np.integer) and 0 <= r < n_rep):
-                raise ConfigError(f"router {router.name!r}: route({rid}) returned {r!r}, not a replica in 0..{n_rep - 1}")
-            r = int(r)
-            self.placement[rid] = r
-            batches[r].append(rid)
-            view.waiting[r] += 1
-            view.outstanding[r] += 1
-            view.routed[r] += 1
-            view.waiting_tokens[r] += int(prompt[rid])
-        for r, b in enumerate(batches):
-            if b:
-                self.engines[r].extend(self._rows[r].add(b))
 
     # ---- results --------------------------------------------------------------------------
     def records(self) -> _Merged:

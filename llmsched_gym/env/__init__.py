@@ -19,6 +19,8 @@ ENV_ID = f"LLMSched-v{ENV_VERSION}"
 GPU_ENV_ID = f"LLMSchedGPU-v{ENV_VERSION}"
 ENTRY_POINT = "llmsched_gym.env.llmsched_env:LLMSchedEnv"
 VECTOR_ENTRY_POINT = "llmsched_gym.env.vector:LLMSchedVectorEnv"
+CLUSTER_ENV_ID = "LLMSchedCluster-v0"
+CLUSTER_ENTRY_POINT = "llmsched_gym.env.cluster_env:LLMSchedClusterEnv"
 MAX_EPISODE_STEPS = 1_000_000
 """The registered step limit: a safety net far above any scenario's episode (the engine's own
 horizon, iteration cap and loop detector end episodes first); ``max_episode_steps=`` overrides it."""
@@ -40,6 +42,8 @@ def register_envs() -> None:
     if GPU_ENV_ID not in registry:
         register(id=GPU_ENV_ID, entry_point=ENTRY_POINT, nondeterministic=True, max_episode_steps=MAX_EPISODE_STEPS,
                  kwargs={"latency": "gpu:llama-3-8b"})
+    if CLUSTER_ENV_ID not in registry:  # routing as an RL task (llmsched_gym.env.cluster_env)
+        register(id=CLUSTER_ENV_ID, entry_point=CLUSTER_ENTRY_POINT, max_episode_steps=MAX_EPISODE_STEPS)
 
 
-__all__ = ["ENV_ID", "ENV_VERSION", "GPU_ENV_ID", "register_envs"]
+__all__ = ["CLUSTER_ENV_ID", "ENV_ID", "ENV_VERSION", "GPU_ENV_ID", "register_envs"]

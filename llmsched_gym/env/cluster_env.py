@@ -1,0 +1,187 @@
+"""``LLMSchedCluster-v0``: routing as an RL task. The agent picks a replica for each arriving
+request of a cluster (:mod:`llmsched_gym.core.cluster`); the replicas run their own scheduler.
+
+    env = gymnasium.make("llmsched_gym:LLMSchedCluster-v0", scenario="mooncake-conv", n_replicas=8,
+                         expert="llm-d", overrides={"workload.n_requests": 2000})
+    obs, info = env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(env.unwrapped.expert_action())
+
+* **Action**: ``Discrete(N)``, the replica. ``info["action_mask"]`` (and :meth:`action_masks`, the
+  name ``sb3_contrib``'s ``MaskablePPO`` calls) marks the replicas whose KV can hold the request at
+  all (all of them when none can: the request is then rejected wherever it goes).
+* **Observation**: ``Box(N * 5 + 2)``, float32 in [0, 1e6]: per replica its queued requests / 32, running
+  requests / 256, KV headroom (free fraction), queued prompt tokens / KV capacity and the share of
+  this request's prompt its prefix cache holds now; then this request's prompt tokens / the largest
+  KV capacity and its predicted output / 1024 (0 when the information model hides it). Load
+  signals are the cluster's (``refresh_s``: exact at 0, else snapshots).
+* **Reward**: the ``latency`` component of ``LLMSched-v1``: minus the request-seconds spent in the
+  system since the previous decision (requests arrived by then and not yet completed or rejected),
+  so an episode's rewards sum to minus the summary's ``total_latency_s`` when every request
+  completes (the last step adds the time of requests left unfinished).
+* **Experts**: :meth:`expert_action` is the attached router's choice for the current request
+  (``expert=``, any name of :data:`baselines.routers.ROUTERS`). Following it at every step
+  reproduces ``simulate_cluster`` with that router exactly (same seed: the router is the cluster's
+  own, with its own seeded stream). The router's state (a round-robin counter, prefix trees) is
+  built from its own choices, so after the agent departs from it the expert is approximate.
+
+With one replica there is nothing to decide: the episode ends at ``reset`` (``terminated`` at the
+first step is not reached; ``info["done"]`` is True).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from llmsched_gym.config import ConfigError
+from llmsched_gym.core.cluster import DEFAULT_REFRESH_S
+from llmsched_gym.core.information import BLIND, information_of
+
+FEATURES = 5
+OBS_HIGH = 1e6
+"""Observations are clipped to [0, OBS_HIGH]."""
+
+
+class LLMSchedClusterEnv(gym.Env):
+    """The routing env (see the module docstring).
+
+    :param scenario: a scenario name, ``.yml`` file or dict (as ``LLMSched-v1``).
+    :param n_replicas: N.
+    :param policy: the replicas' scheduler (default: the scenario's).
+    :param expert: the router :meth:`expert_action` follows.
+    :param refresh_s: load-signal refresh interval (0 = exact).
+    :param overrides: dotted scenario overrides.
+    :param router_params: the expert router's parameters.
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, scenario: str | dict = "mooncake-conv", n_replicas: int = 8, policy: str | dict | None = None,
+                 expert: str = "round-robin", refresh_s: float = DEFAULT_REFRESH_S,
+                 overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None) -> None:
+        from baselines.routers import ROUTERS
+
+        if expert not in ROUTERS:
+            raise ConfigError(f"expert: unknown router {expert!r}; allowed: {', '.join(ROUTERS)}")
+        if not isinstance(n_replicas, int) or isinstance(n_replicas, bool) or not 1 <= n_replicas <= 4096:
+            raise ConfigError(f"n_replicas: expected an integer in 1..4096, got {n_replicas!r}")
+        self.scenario, self.n_replicas, self.policy, self.expert = scenario, n_replicas, policy, expert
+        self.refresh_s, self.overrides, self.router_params = refresh_s, overrides, router_params
+        self.action_space = spaces.Discrete(n_replicas)
+        self.observation_space = spaces.Box(0.0, OBS_HIGH, (n_replicas * FEATURES + 2,), np.float32)
+        self.cluster = None
+        self._steps = None
+        self._rid = -1
+
+    # ---- episode ----------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        from llmsched_gym.cluster_sim import make_cluster
+
+        ep_seed = int(self.np_random.integers(2**31)) if seed is None else int(seed)
+        self.cluster, self._spec = make_cluster(self.scenario, self.policy, self.expert, self.n_replicas, ep_seed,
+                                                self.overrides, self.router_params, self.refresh_s)
+        c = self.cluster
+        self._arrival = c.workload.arrival_s.tolist()
+        self._arrival_cum = np.concatenate(([0.0], np.cumsum(c.workload.arrival_s)))
+        self._blind = information_of(c.workload) == BLIND
+        self._cap = float(c.view.kv_capacity.max())
+        self._lat = 0.0  # request-seconds accrued up to the previous decision
+        self._expert_for = -1
+        self._steps = c.decisions()
+        self._next(None)
+        return self._obs(), self._info()
+
+    def step(self, action):
+        if self._rid < 0:
+            raise RuntimeError("step(): the episode has ended; call reset()")
+        a = int(action)
+        if not 0 <= a < self.n_replicas:
+            raise ValueError(f"action: {action!r} is not a replica in 0..{self.n_replicas - 1}")
+        self._next(a)
+        lat = self._latency(done=self._rid < 0)
+        reward, self._lat = -(lat - self._lat), lat
+        return self._obs(), float(reward), self._rid < 0, False, self._info()
+
+    def _next(self, action: int | None) -> None:
+        try:
+            self._rid = next(self._steps) if action is None else self._steps.send(action)
+        except StopIteration:
+            self._rid = -1
+
+    def _latency(self, done: bool) -> float:
+        """Request-seconds in the system up to the current routing time (every request's, to its
+        end, once the episode is done)."""
+        c = self.cluster
+        t = float("inf") if done else c.view.now
+        arrived = len(self._arrival) if done else bisect.bisect_right(self._arrival, t)
+        total = 0.0
+        ended = 0
+        for e, ids in zip(c.engines, c.ids, strict=True):
+            cs = e.completion_s
+            fin = cs[cs <= t] if not done else cs[np.isfinite(cs)]
+            total += float(fin.sum())
+            ended += len(fin)
+            rej = e.state == 4
+            if rej.any():
+                total += float(c.workload.arrival_s[ids[rej]].sum())
+                ended += int(rej.sum())
+            if done:  # unfinished requests count to their replica's end
+                open_ = (e.state == 1) | (e.state == 2)
+                total += float(e.clock) * int(open_.sum())
+                ended += int(open_.sum())
+        in_system = 0.0 if done else (arrived - ended) * t
+        return total + in_system - float(self._arrival_cum[arrived])
+
+    # ---- observation, mask, experts -----------------------------------------------------------
+    def _obs(self) -> np.ndarray:
+        out = np.zeros(self.observation_space.shape, np.float32)
+        if self._rid < 0:
+            return out
+        v, rid = self.cluster.view, self._rid
+        prompt = float(v.prompt_tokens[rid])
+        f = out[: self.n_replicas * FEATURES].reshape(self.n_replicas, FEATURES)
+        f[:, 0] = v.waiting / 32.0
+        f[:, 1] = v.running / 256.0
+        f[:, 2] = 1.0 - v.kv_used / v.kv_capacity
+        f[:, 3] = v.waiting_tokens / v.kv_capacity
+        f[:, 4] = v.prefix_hit(rid) / prompt
+        out[-2] = prompt / self._cap
+        out[-1] = 0.0 if self._blind else float(v.predicted_output[rid]) / 1024.0
+        return np.clip(out, 0.0, OBS_HIGH, out=out)
+
+    def action_masks(self) -> np.ndarray:
+        """Replicas that can take the current request (all when none can, or the episode ended)."""
+        if self._rid < 0:
+            return np.ones(self.n_replicas, bool)
+        ok = self.cluster.view.can_take(self._rid)
+        return ok if ok.any() else np.ones(self.n_replicas, bool)
+
+    def _info(self) -> dict[str, Any]:
+        return {"action_mask": self.action_masks(), "request": self._rid, "done": self._rid < 0,
+                "now": self.cluster.view.now}
+
+    def expert_action(self, strict: bool = True) -> int:
+        """The attached router's replica for the current request (asked once per request).
+
+        With ``strict`` a choice outside the action mask raises ``ValueError``; otherwise it
+        becomes the first allowed replica."""
+        if self._rid < 0:
+            raise RuntimeError("expert_action(): the episode has ended; call reset()")
+        if self._expert_for != self._rid:
+            self._expert = int(self.cluster.router.route(self._rid, self.cluster.view))
+            self._expert_for = self._rid
+        mask = self.action_masks()
+        if not mask[self._expert]:
+            if strict:
+                raise ValueError(f"expert {self.expert!r}: replica {self._expert} cannot take request {self._rid}")
+            return int(np.flatnonzero(mask)[0])
+        return self._expert
+
+    def summary(self) -> dict[str, Any]:
+        """The cluster summary of the finished episode."""
+        return self.cluster.summary(self._spec.get("name", "custom"), self.cluster.engines[0].scheduler.name)

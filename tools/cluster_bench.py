@@ -1,0 +1,102 @@
+"""Cluster-level figures for issue 28: the published router orderings on their workloads, and
+the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a table at the end).
+
+    PYTHONPATH=$PWD python tools/cluster_bench.py llmd [--requests-per-level 2400]
+    PYTHONPATH=$PWD python tools/cluster_bench.py sglang
+    PYTHONPATH=$PWD python tools/cluster_bench.py vidur
+    PYTHONPATH=$PWD python tools/cluster_bench.py speed [--replicas 1 64] [--requests 20000]
+
+* llmd: llm-d's prefix-heavy benchmark (llm-d blog, "KV-cache wins you can see", 2025): 8
+  replicas, 150 groups of 6,000-token system prompts, a 1,200-token question and 250 output tokens
+  per request (question and output lengths are our choice), Poisson at rising QPS; routers llm-d
+  (precise prefix), llm-d-approx, llm-d-load (queue + KV only) and random; P90 TTFT.
+* sglang: the same traffic and the Mooncake conversation trace, round-robin vs SGLang's
+  cache-aware router: prefix hit rate and throughput.
+* vidur: LOR vs round-robin on the azure-conv trace at rising load (time_scale), 4 replicas.
+* speed: CPU time per request (process time) at N replicas with N times the arrival rate of one
+  (llm-d's traffic scaled), and the peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import numpy as np
+
+from llmsched_gym.cluster_sim import simulate_cluster
+from llmsched_gym.core.sessions import prefix_groups
+
+
+def _row(tag: str, r, **extra) -> dict:
+    s = r.summary
+    out = {"run": tag, **extra, "n": s["n_arrived"], "completed": s["n_completed"],
+           "p90_ttft_s": round(s["ttft_s"]["p90"], 4), "mean_ttft_s": round(s["ttft_s"]["mean"], 4),
+           "p90_e2e_s": round(s["e2e_s"]["p90"], 3), "mean_e2e_s": round(s["e2e_s"]["mean"], 3),
+           "throughput_tok_s": round(s["throughput_tokens_per_s"], 1),
+           "prefix_hit_rate": round(s["cluster"]["prefix_hit_rate"], 4),
+           "load_imbalance": round(s["cluster"]["load_imbalance"], 3), "wall_s": round(s["wall_time_s"], 1)}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def llmd(args) -> None:
+    for qps in args.qps:
+        wl = prefix_groups(args.requests_per_level, qps, 150, 6000, 1200, 250, rng=args.seed)
+        for router in ("llm-d", "llm-d-approx", "llm-d-load", "random"):
+            r = simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed, workload=wl)
+            _row("llmd", r, router=router, qps=qps)
+
+
+def sglang(args) -> None:
+    for qps in args.qps:
+        wl = prefix_groups(args.requests_per_level, qps, 150, 6000, 1200, 250, rng=args.seed)
+        for router in ("round-robin", "sglang-cache-aware"):
+            _row("sglang-groups", simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed, workload=wl),
+                 router=router, qps=qps)
+    for router in ("round-robin", "sglang-cache-aware"):
+        r = simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed,
+                             overrides={"workload.trace.window": "head"})
+        _row("sglang-mooncake", r, router=router)
+
+
+def vidur(args) -> None:
+    for scale in (1.0, 0.5, 0.3, 0.2):
+        for router in ("round-robin", "lor"):
+            r = simulate_cluster("azure-conv", "vllm-v1", router, 4, args.seed,
+                                 overrides={"workload.n_requests": args.requests_per_level,
+                                            "workload.trace.time_scale": scale})
+            _row("vidur", r, router=router, time_scale=scale)
+
+
+def speed(args) -> None:
+    for n in args.replicas:
+        wl = prefix_groups(args.requests, 4.0 * n, 150, 6000, 1200, 250, rng=args.seed)
+        t0 = time.process_time()
+        r = simulate_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
+                             refresh_s=args.refresh_s)
+        cpu = time.process_time() - t0
+        _row("speed", r, replicas=n, router=args.router, cpu_s=round(cpu, 1),
+             cpu_us_per_request=round(1e6 * cpu / len(wl), 1),
+             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=("llmd", "sglang", "vidur", "speed"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--qps", type=float, nargs="+", default=[5.0, 15.0, 30.0, 60.0])
+    p.add_argument("--requests-per-level", type=int, default=2400)
+    p.add_argument("--replicas", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--requests", type=int, default=20000)
+    p.add_argument("--router", default="round-robin")
+    p.add_argument("--refresh-s", type=float, default=0.1)
+    args = p.parse_args()
+    np.seterr(all="ignore")
+    {"llmd": llmd, "sglang": sglang, "vidur": vidur, "speed": speed}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
