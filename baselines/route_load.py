@@ -4,7 +4,8 @@ tokens, and the power of two choices.
 * ``lor``: Vidur's ``LORGlobalScheduler`` (Agrawal et al. 2024, MLSys 2024, section 4): the
   replica with the fewest pending requests, counting those it placed in the same scheduling
   round. Vidur's "pending" are the requests in a replica's queue, not yet scheduled: here
-  ``view.waiting`` (the queue plus what was routed since the last load snapshot).
+  ``view.waiting`` (the queue plus what was routed since the last load snapshot); ties go to the
+  replica with fewer requests on it (Vidur: the lowest index).
 * ``jsq``: SplitwiseSim's ``JSQScheduler`` (Patel et al. 2024, "Splitwise", ISCA 2024; the
   simulator's scheduler module): the replica with the fewest requests on it
   (``view.outstanding``: queued and running).
@@ -16,7 +17,7 @@ tokens, and the power of two choices.
   (IEEE TPDS 12(10)); SGLang's router ships it as ``power_of_two``: two distinct replicas drawn
   at random, the one with fewer outstanding requests (the first drawn on a tie).
 
-Ties go to the lowest replica index (Python's ``min`` over replicas, as in both simulators). The
+Other ties go to the lowest replica index (Python's ``min`` over replicas, as in both simulators). The
 work per arrival is one pass over N small arrays (an ``argmin`` in C).
 """
 
@@ -28,12 +29,15 @@ from llmsched_gym.core.cluster import ClusterView, Router
 
 
 class LOR(Router):
-    """Least outstanding requests (Vidur): the fewest queued requests."""
+    """Least outstanding requests (Vidur): the fewest queued requests; among equals, the fewest
+    requests on the replica (departure: Vidur takes the lowest index, which sends every arrival
+    to replica 0 whenever the replicas admit at once and the queues are empty)."""
 
     name = "lor"
 
     def route(self, rid: int, view: ClusterView) -> int:
-        return int(np.argmin(view.waiting))
+        out = view.outstanding
+        return int(np.argmin(view.waiting * (int(out.max()) + 1) + out))
 
 
 class JSQ(Router):

@@ -51,8 +51,12 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
         raise ConfigError(f"cluster.n_replicas: expected an integer in 1..4096, got {n_replicas!r}")
     spec = resolve_scenario(scenario, overrides)
     pol = spec.get("policy", "fcfs") if policy is None else policy
-    built, config, latency = build_scenario(spec, seed)
-    workload = built if workload is None else workload
+    if workload is None:
+        workload, config, latency = build_scenario(spec, seed)
+    else:  # the scenario's engine and batch-time model only (its own requests are not built)
+        config = EngineConfig(**spec.get("engine", {}))
+        config.validate()
+        latency = make_latency(spec.get("latency", "unit"))
     from baselines import check_applicable
     from baselines.routers import make_router
 

@@ -19,7 +19,8 @@ from llmsched_gym.env.llmsched_env import LLMSchedEnv
 from llmsched_gym.env.observation import GLOBAL_FEATURES, QUEUE_FEATURES, RUNNING_FEATURES, R
 from llmsched_gym.sim import make_policy, simulate
 
-SMALL = small_cuts(80, offline=10, sizes={"azure-conv": 60, "vtc-arena": 60, "echo-hybrid": 20})
+SMALL = small_cuts(80, tuple(SCENARIOS), offline=10,
+                   sizes={"azure-conv": 60, "vtc-arena": 60, "echo-hybrid": 20, "mooncake-conv": 30})
 
 
 def tiny(prompt, output, capacity, arrival=None, emits=False, overflow="forbid"):

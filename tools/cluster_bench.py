@@ -10,11 +10,14 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
   replicas, 150 groups of 6,000-token system prompts, a 1,200-token question and 250 output tokens
   per request (question and output lengths are our choice), Poisson at rising QPS; routers llm-d
   (precise prefix), llm-d-approx, llm-d-load (queue + KV only) and random; P90 TTFT.
+  ``--kv-tokens 100000`` makes the groups' prefixes (900,000 tokens) outgrow the cluster's KV
+  (800,000), the regime where an approximate index drifts from the caches it guesses.
 * sglang: the same traffic and the Mooncake conversation trace, round-robin vs SGLang's
   cache-aware router: prefix hit rate and throughput.
 * vidur: LOR vs round-robin on the azure-conv trace at rising load (time_scale), 4 replicas.
 * speed: CPU time per request (process time) at N replicas with N times the arrival rate of one
-  (llm-d's traffic scaled), and the peak memory.
+  (``--rate-per-replica``, default 8/s; 150 groups of 1,000-token system prompts, 200-token
+  questions and outputs), and the peak memory of the process.
 """
 
 from __future__ import annotations
@@ -42,23 +45,27 @@ def _row(tag: str, r, **extra) -> dict:
     return out
 
 
+def _kv(args) -> dict:
+    return {"engine.kv_capacity_tokens": args.kv_tokens} if args.kv_tokens else {}
+
+
 def llmd(args) -> None:
     for qps in args.qps:
         wl = prefix_groups(args.requests_per_level, qps, 150, 6000, 1200, 250, rng=args.seed)
         for router in ("llm-d", "llm-d-approx", "llm-d-load", "random"):
-            r = simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed, workload=wl)
-            _row("llmd", r, router=router, qps=qps)
+            r = simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed, workload=wl, overrides=_kv(args))
+            _row("llmd", r, router=router, qps=qps, kv_tokens=args.kv_tokens or "scenario")
 
 
 def sglang(args) -> None:
     for qps in args.qps:
         wl = prefix_groups(args.requests_per_level, qps, 150, 6000, 1200, 250, rng=args.seed)
         for router in ("round-robin", "sglang-cache-aware"):
-            _row("sglang-groups", simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed, workload=wl),
-                 router=router, qps=qps)
+            _row("sglang-groups", simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed, workload=wl,
+                                                   overrides=_kv(args)), router=router, qps=qps)
     for router in ("round-robin", "sglang-cache-aware"):
         r = simulate_cluster("mooncake-conv", "vllm-v1", router, 8, args.seed,
-                             overrides={"workload.trace.window": "head"})
+                             overrides={"workload.trace.window": "head", "workload.n_requests": args.requests_per_level})
         _row("sglang-mooncake", r, router=router)
 
 
@@ -73,7 +80,7 @@ def vidur(args) -> None:
 
 def speed(args) -> None:
     for n in args.replicas:
-        wl = prefix_groups(args.requests, 4.0 * n, 150, 6000, 1200, 250, rng=args.seed)
+        wl = prefix_groups(args.requests, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
         t0 = time.process_time()
         r = simulate_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
                              refresh_s=args.refresh_s)
@@ -92,6 +99,9 @@ def main() -> None:
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 64])
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--router", default="round-robin")
+    p.add_argument("--rate-per-replica", type=float, default=8.0)
+    p.add_argument("--kv-tokens", type=int, default=0,
+                   help="KV capacity per replica (0: the scenario's 447,952); llmd/sglang only")
     p.add_argument("--refresh-s", type=float, default=0.1)
     args = p.parse_args()
     np.seterr(all="ignore")

@@ -300,9 +300,15 @@ class Cluster:
         i = 0
         while i < n and arrival[i] <= horizon:
             t = arrival[i]
-            if self.refresh_s > 0:
-                start = math.floor(t / self.refresh_s) * self.refresh_s
-                j = bisect.bisect_left(arrival, start + self.refresh_s, lo=i)
+            if self.refresh_s > 0:  # the window [k, k + 1) * refresh_s holding t (robust to rounding)
+                dt = self.refresh_s
+                k = math.floor(t / dt)
+                if k * dt > t:
+                    k -= 1
+                if (k + 1) * dt <= t:
+                    k += 1
+                start = k * dt
+                j = max(bisect.bisect_left(arrival, (k + 1) * dt, lo=i), i + 1)
             else:
                 start = t
                 j = bisect.bisect_right(arrival, t, lo=i)
