@@ -42,7 +42,8 @@ FUZZ_VARIANTS: tuple[dict[str, Any], ...] = (
     {"workload.predictor": {"type": "bucketed", "edges": [16, 64, 256, 1024, 4096]}},
 )
 FUZZ_BUDGETS: tuple[tuple, ...] = ((None,), DEFAULT_BUDGETS, (256, 32), (None, 16))
-FUZZ_SIZES = {"echo-hybrid": {"workload.n_requests": 15, "workload.classes.offline.n_requests": 10}}
+FUZZ_SIZES = {"echo-hybrid": {"workload.n_requests": 15, "workload.classes.offline.n_requests": 10},
+              "mooncake-conv": {"workload.n_requests": 2}}  # 12k-token prompts: long episodes
 
 
 def fuzz_env(steps: int = 100_000, seed: int = 0, n_requests: int = 60) -> dict[str, Any]:
