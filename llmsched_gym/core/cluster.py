@@ -47,6 +47,7 @@ from llmsched_gym.core.information import CLAIRVOYANT, GuardedWorkload, informat
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.latency import LatencyModel
 from llmsched_gym.core.metrics import summarize
+from llmsched_gym.core.records import request_table
 from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scheduler import Scheduler
 
@@ -389,8 +390,6 @@ class Cluster:
 
     def request_table(self) -> dict[str, np.ndarray]:
         """Per-request records of every arrived request (global ids), with its ``replica``."""
-        from llmsched_gym.core.metrics import request_table
-
         t = request_table(self.engines[0] if len(self.engines) == 1 else self.records())
         t["replica"] = self.placement[t["id"]]
         return t
@@ -471,8 +470,6 @@ class _Merged:
 
     @property
     def requests(self) -> dict[str, np.ndarray]:
-        from llmsched_gym.core.metrics import request_table
-
         return request_table(self)
 
 
