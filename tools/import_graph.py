@@ -26,7 +26,7 @@ The layers, top to bottom (an import goes down or stays in its layer; nothing im
     5 apps       demo, benchmark, bench, fidelity, hindsight, reproduce/, and the package facade
                  llmsched_gym/__init__.py (registers the envs and the GPU latency model)
     4 env, agents   env/, agents/
-    3 sim        sim, parallel
+    3 sim        sim, cluster_sim, parallel
     2 baselines  baselines/
     1 core       core/, and the leaves beside it: fluid and optimum (reference bounds, no project
                  imports) and backends/ (the GPU latency model, a plug-in of core/latency)
@@ -56,7 +56,7 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
                  "llmsched_gym/fidelity.py", "llmsched_gym/hindsight.py", "llmsched_gym/reproduce/",
                  "llmsched_gym/__init__.py")),
     (4, "env, agents", ("llmsched_gym/env/", "agents/")),
-    (3, "sim", ("llmsched_gym/sim.py", "llmsched_gym/parallel.py")),
+    (3, "sim", ("llmsched_gym/sim.py", "llmsched_gym/cluster_sim.py", "llmsched_gym/parallel.py")),
     (2, "baselines", ("baselines/",)),
     (1, "core", ("llmsched_gym/core/", "llmsched_gym/fluid.py", "llmsched_gym/optimum/", "llmsched_gym/backends/")),
     (0, "ground", ("llmsched_gym/config.py", "llmsched_gym/data.py", "llmsched_gym/help.py")),
