@@ -273,6 +273,10 @@ HYPERPARAMS: dict[str, Setting] = {
     "bc": Setting("dict"),
     "validation_requests": Setting("int", ge=1, le=MAX_REQUESTS),
     "action_bias": Setting(("float", "list"), ge=-1, le=1),  # a list: one per action dimension
+    "task": Setting("str"),  # the benchmark task the validation curve scores (its metric and workload)
+    "curves": Setting("dict"),
+    "input_baseline": Setting("dict"),
+    "slot_head": Setting("bool"),  # one learned function scores every slot (agents/heads.py)
 }
 LINEAR_SCHEDULE_KEYS = ("learning_rate", "clip_range")
 """Hyperparameters that may also be ``lin_START``: a linear decay from START to 0 (rl-zoo's notation)."""
@@ -282,6 +286,12 @@ NORMALIZE: dict[str, Setting] = {
     "norm_obs_keys": Setting("list"),
     "clip_obs": Setting("float", gt=0),
     "clip_reward": Setting("float", gt=0),
+}
+CURVES: dict[str, Setting] = {
+    "hindsight_sims": Setting("int", ge=0, le=10_000),  # the learning curve's hindsight line (0: none)
+}
+INPUT_BASELINE: dict[str, Setting] = {
+    "group_size": Setting("int", ge=2, le=256),  # envs per workload (agents/input_baseline.py)
 }
 BEHAVIOUR_CLONING: dict[str, Setting] = {
     "from": Setting("str", nullable=True),
@@ -333,6 +343,9 @@ def check_hyperparams(entry: Any, path: str = "hyperparams") -> dict[str, Any]:
         out["normalize"] = check_section(f"{path}.normalize", out["normalize"], NORMALIZE)
     if "bc" in out:
         out["bc"] = check_section(f"{path}.bc", out["bc"], BEHAVIOUR_CLONING)
+    for key, section in (("curves", CURVES), ("input_baseline", INPUT_BASELINE)):
+        if key in out:
+            out[key] = check_section(f"{path}.{key}", out[key], section)
     if "env_kwargs" in out and "overrides" in out["env_kwargs"]:
         ov = out["env_kwargs"]["overrides"]
         if not isinstance(ov, Mapping):

@@ -1,0 +1,55 @@
+"""A per-slot score head: the same learned function scores every queue slot (``slot_head: true``).
+
+SB3's policy maps the features to the K slot scores of ``priority`` mode with one dense layer
+(``action_net``), so "score a request by its predicted length" has to be learned K times, once per
+output, each from 1/K of the data. :func:`slot_score_head` starts the policy at a head that is
+*equivariant* instead: the features extractor's per-slot projection (:class:`~agents.features.
+QueueSetExtractor` with ``slot_out: 1``: one number per slot from the slot MLP shared by every
+slot) is routed straight to that slot's score, ``score_i = bias_i + w . h(slot_i)``, so one
+gradient step improves the scoring of every slot (Deep Sets, Zaheer et al., NeurIPS 2017; the
+per-job scoring of Decima, Mao et al., SIGCOMM 2019, Section 5.1). The dense layer is kept and
+trained, starting from this routing: PPO may still learn context-dependent offsets from the pooled
+features.
+
+The recipe needs ``policy_kwargs: {slot_out: 1, net_arch: {pi: [], vf: [64]}}`` (no hidden layer
+on the policy side, so that the action layer sees the features themselves). With ``action_bias``
+the start is exactly that bias: the per-slot projection starts at zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def slot_score_head(model: Any) -> None:
+    """Route each slot's projection to its own score and zero the projection (module docstring).
+
+    :raises ValueError: (one line) the model is not a ``Box`` per-slot policy with ``slot_out: 1``
+        and an empty policy network.
+    """
+    import torch
+    from gymnasium import spaces
+
+    policy = model.policy
+    ext = policy.features_extractor
+    k = int(np.prod(model.action_space.shape)) if isinstance(model.action_space, spaces.Box) else -1
+    if getattr(ext, "slot_score", None) is None or ext.slot_score.out_features != 1 or k != ext.n_slots:
+        raise ValueError("slot_head: needs the priority mode's K scores and policy_kwargs.slot_out: 1 "
+                         f"(got an action space {model.action_space} and slot_out "
+                         f"{getattr(getattr(ext, 'slot_score', None), 'out_features', 0)})")
+    latent = policy.mlp_extractor.latent_dim_pi
+    if latent != ext.features_dim:
+        raise ValueError(f"slot_head: needs policy_kwargs.net_arch: {{pi: [], vf: [...]}} (the action layer must "
+                         f"see the features: {ext.features_dim}, not a hidden layer of {latent})")
+    offset = ext.features_dim - k  # the per-slot scores are the features' last K numbers
+    with torch.no_grad():
+        w = policy.action_net.weight
+        w.zero_()
+        w[torch.arange(k), offset + torch.arange(k)] = 1.0
+        ext.slot_score.weight.zero_()
+        ext.slot_score.bias.zero_()
+
+
+__all__ = ["slot_score_head"]
