@@ -213,8 +213,8 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
     """An agent's label in reports, named for what it is: its algorithm, action mode and structure,
     then its training: ``ppo priority/prompt-order budget 256, 166k steps``, ``maskable-ppo select,
     bc: sarathi, 41k steps``, ``ppo tune: sarathi chunk_size, 60k steps``; ``start`` names the untrained
-    starting policy of the run (``..., untrained start``). The run folder's name when ``run.json`` is
-    missing."""
+    starting policy of the run (``..., untrained start``); a run that started from zero scores and no
+    cloning says ``neutral start``. The run folder's name when ``run.json`` is missing."""
     if not meta:
         return f"{folder} (untrained start)" if start else folder
     steps = int(meta.get("timesteps") or 0)
@@ -233,7 +233,9 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
         if env_kwargs.get("budget"):
             structure += f" budget {env_kwargs['budget']}"
     trained = "untrained start" if start else f"{size} steps"
-    parts = [structure, f"bc: {bc}" if bc else "", trained]
+    bias = (meta.get("hyperparams") or {}).get("action_bias")
+    neutral = not bc and bias is not None and not np.any(np.asarray(bias, dtype=float))  # no prior, no clone
+    parts = [structure, f"bc: {bc}" if bc else "", "neutral start" if neutral else "", trained]
     return f"{meta.get('algo', 'agent')} " + ", ".join(p for p in parts if p)
 
 

@@ -426,9 +426,22 @@ def _run_dir(cfg: TrainConfig, env_kwargs: dict[str, Any]) -> tuple[str, Path]:
     return name, run_dir
 
 
-def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path) -> tuple[Any, Any]:
+def _training_envs(cfg: TrainConfig, hp: dict[str, Any], n_envs: int, base: int) -> tuple[Any, dict[str, Any]]:
+    """``(envs, extra PPO arguments)``: :func:`training_venv`, or for a recipe with
+    ``input_baseline`` the envs in groups sharing workloads and the rollout buffer that uses them
+    (:mod:`agents.input_baseline`)."""
+    if hp.get("input_baseline"):
+        from agents.input_baseline import input_baseline_setup
+
+        return input_baseline_setup(hp["input_baseline"], cfg.vec, cfg.scenario, hp["env_kwargs"], n_envs, base,
+                                    hp["algo"] == "maskable-ppo")
+    return training_venv(cfg.vec, cfg.scenario, hp["env_kwargs"], n_envs, base), {}
+
+
+def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path,
+           extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """``(model, venv)``: a new model on ``venv`` wrapped in ``VecNormalize``, or the one
-    ``cfg.resume`` names with its normalisation statistics."""
+    ``cfg.resume`` names with its normalisation statistics; ``extra``: more PPO arguments."""
     from stable_baselines3.common.vec_env import VecNormalize
 
     from agents.features import QueueSetExtractor
@@ -436,7 +449,7 @@ def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path) -> tu
     norm_kw = dict(hp.get("normalize") or {})
     gamma = float(hp.get("gamma", 0.99))
     cls = algo_class(hp["algo"])
-    ppo_kw = {k: schedule(hp[k]) for k in PPO_KEYS if k in hp}
+    ppo_kw = {**{k: schedule(hp[k]) for k in PPO_KEYS if k in hp}, **(extra or {})}
     if cfg.resume:
         rp = Path(cfg.resume)
         if rp.suffix == ".zip":
@@ -468,6 +481,10 @@ def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path) -> tu
                 tensorboard_log=str(run_dir / "tb"), policy_kwargs=policy_kwargs, **ppo_kw)
     if "action_bias" in hp:
         set_action_bias(model, hp["action_bias"])
+    if hp.get("slot_head"):
+        from agents.heads import slot_score_head
+
+        slot_score_head(model)
     return model, venv
 
 
@@ -534,15 +551,19 @@ def _validation(baselines: dict[str, Any], final: dict[str, Any], score: Any) ->
     }
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
     """Train (or resume) an agent; returns the contents of ``run.json``.
+
+    ``curves``: an :class:`agents.curves.CurveSetup` (the benchmark's tasks and the hindsight
+    search, which live above this layer; ``llmsched train`` passes them), or ``None``.
 
     The steps: resolve the hyperparameters (:func:`resolve`, :func:`recipe`); make the run folder;
     the training envs (:func:`training_venv`, workloads from seed ``TRAIN_SEED_BASE + 1000 * seed``
     on); the model (:func:`_model`: new or resumed); behaviour cloning (:func:`_warm_start`);
     ``run.json`` with the settings and seeds, written first so that the checkpoints of an
     interrupted run can be evaluated; the callbacks (scalars, checkpoints, validation scores
-    against the baselines, time limit, progress); ``model.learn``; the final files and scores.
+    against the baselines, time limit, progress) and the learning curve (:mod:`agents.curves`);
+    ``model.learn``; the final files and scores.
     """
     import torch
     from stable_baselines3.common.callbacks import CallbackList
@@ -558,7 +579,8 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         raise ConfigError(f"vec: {cfg.vec!r} is not one of {', '.join(VEC_KINDS)}")
     n_envs = int(hp.get("n_envs", 1))
     base = TRAIN_SEED_BASE + 1000 * cfg.seed
-    model, venv = _model(cfg, hp, training_venv(cfg.vec, cfg.scenario, env_kwargs, n_envs, base), run_dir)
+    envs, extra = _training_envs(cfg, hp, n_envs, base)
+    model, venv = _model(cfg, hp, envs, run_dir, extra)
     bc = _warm_start(cfg, hp, model, venv, base + 500)
     meta: dict[str, Any] = {
         "name": name, "scenario": cfg.scenario, "algo": hp["algo"], "recipe": chosen, "config": asdict(cfg),
@@ -572,23 +594,40 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     val_over = dict(env_kwargs.get("overrides", {}))
     if hp.get("validation_requests"):
         val_over["workload.n_requests"] = int(hp["validation_requests"])
+    from agents.curves import HINDSIGHT_SIMS, CurveSetup, LearningCurve, target
+
+    curves = curves or CurveSetup()
+    tgt = target(hp.get("task"), val_over, curves.tasks)  # a recipe's benchmark task: its metric and workload
+    val_over = tgt.overrides
     baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
     val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
+    curve = LearningCurve.for_run(run_dir, cfg.scenario, tgt, VALIDATION_SEED, val_env.unwrapped.information, baselines,
+                                  (hp.get("curves") or {}).get("hindsight_sims", HINDSIGHT_SIMS),
+                                  hindsight=curves.hindsight) if cfg.score_every else None
 
     def evaluate(m: Any) -> dict:
-        return run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
+        s = run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
+        if curve is not None:  # learning_curve.png, curve.json, tb/curves
+            curve.record(int(m.num_timesteps), s)
+        return s
 
     def save(stem: str) -> None:
         save_agent(run_dir / stem, model, venv, {"scenario": cfg.scenario, "env_kwargs": env_kwargs,
                                                  "overrides": env_kwargs.get("overrides", {})})
 
     callbacks, summaries, score, limit = _callbacks(cfg, bc, evaluate, save, baselines, t0)
+    if extra:
+        from agents.input_baseline import CoverageScalar
+
+        callbacks.append(CoverageScalar())
     total = int(hp["n_timesteps"])
     remaining = total - model.num_timesteps if cfg.resume else total
     if not cfg.resume:
         # the untrained starting policy (action bias, clone): the benchmark scores it beside the agent,
         # so that learning is credited only with what training added
         save("start")
+        if curve is not None:
+            evaluate(model)  # the curve's first point: the start
     t_learn, c_learn = time.perf_counter(), time.process_time()
     if remaining > 0:
         model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=not cfg.resume,
@@ -598,10 +637,13 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     if not (run_dir / "best_model.json").exists():
         save("best_model")
     final = evaluate(model) if cfg.score_every else {}
+    if curve is not None:
+        curve.close()
     venv.close()
     val_env.close()
     meta.update({
-        "status": "done", "timesteps": int(model.num_timesteps), "validation": _validation(baselines, final, score),
+        "status": "done", "timesteps": int(model.num_timesteps),
+        "validation": {**_validation(baselines, final, score), "curve": curve.as_dict() if curve is not None else None},
         "episodes": summaries.n_episodes, "stopped_by_time_limit": bool(limit is not None and limit.stopped),
         "learn_wall_s": learn_s, "learn_cpu_s": learn_cpu_s, "wall_s": time.perf_counter() - t0,
     })

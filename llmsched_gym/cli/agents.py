@@ -64,6 +64,15 @@ def _specs(specs: list[str] | None) -> list[str]:
     return list(specs or [])
 
 
+def curve_setup() -> Any:
+    """The learning curve's tasks and hindsight search (application layer) for :func:`agents.train.train`."""
+    from agents.curves import CurveSetup
+    from llmsched_gym.benchmark import TASKS
+    from llmsched_gym.hindsight import hindsight
+
+    return CurveSetup(tasks={t.name: t for t in TASKS}, hindsight=hindsight)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from llmsched_gym.config import check_output_dir, check_run_name
 
@@ -87,7 +96,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         progress=not args.no_progress, torch_threads=args.threads, max_minutes=args.max_minutes,
         validation_requests=args.validation_requests,
     )
-    meta = train(cfg)
+    meta = train(cfg, curve_setup())
     v = meta["validation"]
     print(f"trained {meta['name']}: {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s "
           f"({meta['episodes']} episodes); saved in {Path(args.out) / meta['name']}")

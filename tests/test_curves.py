@@ -1,0 +1,130 @@
+"""Learning curves (curve.json, learning_curve.png, TensorBoard) and input-baseline training, from a tiny run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from agents.curves import CURVE_JSON, CURVE_PNG, LearningCurve, Target, plot_curve, target
+from agents.train import TrainConfig, train
+
+SMALL = {"workload.n_requests": 60}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("curves")
+    cfg = TrainConfig(scenario="jaillet-low", name="tiny", out=str(out), timesteps=1024, seed=0, n_envs=4,
+                      overrides=SMALL, env_kwargs={"K": 8}, validation_requests=60,
+                      hyperparams={"n_steps": 128, "batch_size": 128, "n_epochs": 1,
+                                   "curves": {"hindsight_sims": 2}, "input_baseline": {"group_size": 2}},
+                      bc_from="none", checkpoint_every=10_000, score_every=2, progress=False)
+    from llmsched_gym.cli.agents import curve_setup
+
+    meta = train(cfg, curve_setup())  # what llmsched train lends: the tasks and the hindsight search
+    return out / "tiny", meta
+
+
+def test_a_run_writes_its_curve_with_start_static_and_hindsight(tiny_run):
+    run_dir, meta = tiny_run
+    curve = json.loads((run_dir / CURVE_JSON).read_text())
+    steps = [s for s, _ in curve["points"]]
+    # the start before any update, every 2nd rollout of 4 x 128 steps, and the end
+    assert steps == [0, 512, 1024]
+    assert curve["start"] == curve["points"][0][1] and math.isfinite(curve["start"])
+    static, hindsight = curve["references"]["best_static"], curve["references"]["hindsight"]
+    assert static["name"].startswith("static:")
+    assert hindsight["value"] <= static["value"]  # the search starts from the best static specs
+    assert curve["best_baseline"]["name"] in meta["validation"]["baselines"]
+    np.testing.assert_equal(meta["validation"]["curve"]["points"], curve["points"])
+    png = (run_dir / CURVE_PNG).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_tensorboard_has_the_agent_beside_constant_reference_lines(tiny_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _ = tiny_run
+    curve = json.loads((run_dir / CURVE_JSON).read_text())
+    acc = EventAccumulator(str(run_dir / "tb" / "curves"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"validation/agent", "validation/start", "validation/best_static", "validation/hindsight",
+            "validation/best_baseline"} <= tags
+    agent = [(e.step, e.value) for e in acc.Scalars("validation/agent")]
+    scored = [(s, v) for s, v in curve["points"] if math.isfinite(v)]  # an incomplete run is no point
+    assert [s for s, _ in agent] == [s for s, _ in scored] and scored[0][0] == 0
+    np.testing.assert_allclose([v for _, v in agent], [v for _, v in scored], rtol=1e-6)
+    static = [e.value for e in acc.Scalars("validation/best_static")]
+    assert len(static) == len(curve["points"]) >= 2  # drawn at every scored point: a horizontal line
+    assert static == pytest.approx([curve["references"]["best_static"]["value"]] * len(static), rel=1e-6)
+
+
+def test_input_baseline_training_logs_its_coverage(tiny_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, meta = tiny_run
+    acc = EventAccumulator(str(run_dir / "tb" / "ppo_1"))
+    acc.Reload()
+    cov = [e.value for e in acc.Scalars("train/input_baseline_coverage")]
+    assert cov and all(0.0 <= c <= 1.0 for c in cov) and max(cov) > 0.5  # peers share the workloads
+    assert meta["timesteps"] == 1024
+
+
+def test_the_target_is_the_task_metric_on_the_task_workload():
+    from llmsched_gym.benchmark import TASKS
+
+    tasks = {x.name: x for x in TASKS}
+    t = target("jaillet-bursty", {"workload.n_requests": 100, "workload.trace.part": [0, 0.5]}, tasks)
+    assert (t.metric, t.lower_is_better, t.label) == ("serving.p99_ttft_ms", True, "P99 TTFT (ms)")
+    # exactly the workload the benchmark scores, not the training episodes'
+    assert t.overrides == next(x for x in TASKS if x.name == "jaillet-bursty").overrides
+    assert target(None, {"a": 1}) == Target(overrides={"a": 1})
+    with pytest.raises(ValueError, match="task: unknown 'nope'; allowed: azure-conv,"):
+        target("nope", {}, tasks)
+    with pytest.raises(ValueError, match="task: 'jaillet-bursty' needs the benchmark's tasks"):
+        target("jaillet-bursty", {})  # a direct call without the application layer's setup
+
+
+def test_an_incomplete_validation_run_is_no_point_on_the_curve(tmp_path):
+    curve = LearningCurve(tmp_path, Target(), {"best_static": {"name": "s", "value": 5.0}, "hindsight": None},
+                          tensorboard=False)
+    full = {"n_completed": 10, "n_rejected": 0, "n_arrived": 10, "serving": {"mean_e2el_ms": 7.0}}
+    curve.record(0, full)
+    assert math.isnan(curve.record(100, {**full, "n_completed": 9, "stop_reason": "done"}))
+    assert curve.reference_lines() == {"start": 7.0, "best_static": 5.0}
+    assert plot_curve(curve.as_dict(), tmp_path / "c.png") and (tmp_path / CURVE_PNG).exists()
+
+
+def test_a_neutral_start_is_named_so_in_the_benchmark_rows():
+    from agents.agent import describe_run
+
+    env = {"action_mode": "priority", "order": "arrival", "budget": 128}
+    neutral = {"algo": "ppo", "timesteps": 1_200_000, "hyperparams": {"action_bias": 0.0}, "env_kwargs": env}
+    assert describe_run(neutral, "x") == "ppo priority/arrival-order budget 128, neutral start, 1.2M steps"
+    assert describe_run(neutral, "x", start=True) == "ppo priority/arrival-order budget 128, neutral start, untrained start"
+    ramp = {**neutral, "hyperparams": {"action_bias": [0.9, 0.5, 0.0]}}
+    assert describe_run(ramp, "x") == "ppo priority/arrival-order budget 128, 1.2M steps"
+    cloned = {**neutral, "bc": {"policy": "sarathi"}}
+    assert "neutral" not in describe_run(cloned, "x")
+
+
+@pytest.mark.parametrize("name, order, neutral", [("azure_conv_tight_kv.yml", "shortest", False),
+                                                  ("azure_conv_tight_kv_neutral.yml", "arrival", True)])
+def test_the_tight_kv_recipes_score_the_task_and_differ_only_in_their_start(name, order, neutral):
+    from agents.train import HYPERPARAMS_DIR, resolve
+
+    hp = resolve(TrainConfig(scenario="azure-conv", hyperparams_file=str(HYPERPARAMS_DIR / name)))
+    assert hp["task"] == "azure-conv-tight-kv" and hp["algo"] == "ppo" and hp["bc"]["from"] is None
+    assert hp["env_kwargs"]["order"] == order and hp["env_kwargs"]["budget"] == 128
+    assert hp["n_envs"] % hp["input_baseline"]["group_size"] == 0
+    bias = np.atleast_1d(hp["action_bias"])
+    assert not bias.any() if neutral else (np.diff(bias) < 0).all()
+    other = resolve(TrainConfig(scenario="azure-conv", hyperparams_file=str(
+        HYPERPARAMS_DIR / ("azure_conv_tight_kv.yml" if neutral else "azure_conv_tight_kv_neutral.yml"))))
+    same = {k for k in hp if k not in ("action_bias", "env_kwargs") and hp[k] == other[k]}
+    assert same == set(hp) - {"action_bias", "env_kwargs"}
+    assert {k for k in hp["env_kwargs"] if hp["env_kwargs"][k] != other["env_kwargs"][k]} == {"order"}
