@@ -50,6 +50,8 @@ PACKAGES = ("llmsched_gym", "agents", "baselines")
 
 # (rank, name, path prefixes relative to the root); the first prefix that matches wins, so the
 # more specific prefixes come first
+# (llmsched_gym/cli.py, help.py and optimum.py: modules before they became packages or moved, so
+# that the report of an older checkout reads the same)
 LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (6, "cli", ("llmsched_gym/cli/", "llmsched_gym/cli.py")),
     (5, "apps", ("llmsched_gym/demo.py", "llmsched_gym/benchmark.py", "llmsched_gym/bench.py",
@@ -58,7 +60,8 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (4, "env, agents", ("llmsched_gym/env/", "agents/")),
     (3, "sim", ("llmsched_gym/sim.py", "llmsched_gym/cluster_sim.py", "llmsched_gym/parallel.py")),
     (2, "baselines", ("baselines/",)),
-    (1, "core", ("llmsched_gym/core/", "llmsched_gym/fluid.py", "llmsched_gym/optimum/", "llmsched_gym/backends/")),
+    (1, "core", ("llmsched_gym/core/", "llmsched_gym/fluid.py", "llmsched_gym/optimum/", "llmsched_gym/optimum.py",
+                "llmsched_gym/backends/")),
     (0, "ground", ("llmsched_gym/config.py", "llmsched_gym/data.py", "llmsched_gym/help.py")),
 ]
 
