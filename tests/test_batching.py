@@ -3,7 +3,8 @@ heuristics and the env: decodes first within the token budget (the rest paused, 
 preempted when a decode lacks a block), unfinished prefills next, admissions last, each checked
 against the free blocks and the watermark. Constructed engine states with the exact batch
 expected, and hypothesis tests: a formed batch stays within its token budget, and the free blocks
-the builder reports are never more than the engine then has (the engine accepts the batch)."""
+the builder reports are never more than the engine then has (and when they are not negative, the
+engine accepts the batch)."""
 
 from __future__ import annotations
 
@@ -162,6 +163,8 @@ def test_a_formed_batch_fits_its_budget_and_the_free_blocks_it_reports(data, bs,
     short = view.ledger.shortfall(plan, view.running)
     if (not plan.preempt or not e.kv.enabled) and not view.swapped[admitted].any():
         assert short <= -b.free
+        if b.free < 0:  # unchecked: without reserve, unfinished prefills continue whatever they need
+            return
         trial = copy.deepcopy(e)
         before = trial.n_preempt_events
         trial.execute(plan)
