@@ -551,6 +551,41 @@ def _validation(baselines: dict[str, Any], final: dict[str, Any], score: Any) ->
     }
 
 
+def _start_meta(cfg: TrainConfig, hp: dict[str, Any], chosen: Any, name: str, n_envs: int, base: int,
+                bc: dict[str, Any]) -> dict[str, Any]:
+    """``run.json`` as training starts: the settings and seeds (so that the checkpoints of an
+    interrupted run can be evaluated)."""
+    env_kwargs = hp["env_kwargs"]
+    return {
+        "name": name, "scenario": cfg.scenario, "algo": hp["algo"], "recipe": chosen, "config": asdict(cfg),
+        "hyperparams": hp, "env_kwargs": env_kwargs, "overrides": env_kwargs.get("overrides", {}),
+        "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
+                  "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
+        "n_envs": n_envs, "vec": cfg.vec, "bc": bc, "status": "training",
+    }
+
+
+def _validation_setup(cfg: TrainConfig, hp: dict[str, Any], run_dir: Path, curves: Any) -> tuple[dict, Any, Any]:
+    """``(baselines, env, curve)`` of the validation workload (seed ``VALIDATION_SEED``; a recipe's
+    benchmark task gives its metric and workload): the baselines' summaries (none when
+    ``score_every`` is 0), the env the agent is scored on, and the learning curve (or None)."""
+    from agents.curves import HINDSIGHT_SIMS, CurveSetup, LearningCurve, target
+
+    env_kwargs = hp["env_kwargs"]
+    val_over = dict(env_kwargs.get("overrides", {}))
+    if hp.get("validation_requests"):
+        val_over["workload.n_requests"] = int(hp["validation_requests"])
+    curves = curves or CurveSetup()
+    tgt = target(hp.get("task"), val_over, curves.tasks)  # a recipe's benchmark task: its metric and workload
+    val_over = tgt.overrides
+    baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
+    val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
+    curve = LearningCurve.for_run(run_dir, cfg.scenario, tgt, VALIDATION_SEED, val_env.unwrapped.information, baselines,
+                                  (hp.get("curves") or {}).get("hindsight_sims", HINDSIGHT_SIMS),
+                                  hindsight=curves.hindsight) if cfg.score_every else None
+    return baselines, val_env, curve
+
+
 def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
     """Train (or resume) an agent; returns the contents of ``run.json``.
 
@@ -582,28 +617,10 @@ def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
     envs, extra = _training_envs(cfg, hp, n_envs, base)
     model, venv = _model(cfg, hp, envs, run_dir, extra)
     bc = _warm_start(cfg, hp, model, venv, base + 500)
-    meta: dict[str, Any] = {
-        "name": name, "scenario": cfg.scenario, "algo": hp["algo"], "recipe": chosen, "config": asdict(cfg),
-        "hyperparams": hp, "env_kwargs": env_kwargs, "overrides": env_kwargs.get("overrides", {}),
-        "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
-                  "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
-        "n_envs": n_envs, "vec": cfg.vec, "bc": bc, "status": "training",
-    }
+    meta = _start_meta(cfg, hp, chosen, name, n_envs, base, bc)
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
 
-    val_over = dict(env_kwargs.get("overrides", {}))
-    if hp.get("validation_requests"):
-        val_over["workload.n_requests"] = int(hp["validation_requests"])
-    from agents.curves import HINDSIGHT_SIMS, CurveSetup, LearningCurve, target
-
-    curves = curves or CurveSetup()
-    tgt = target(hp.get("task"), val_over, curves.tasks)  # a recipe's benchmark task: its metric and workload
-    val_over = tgt.overrides
-    baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
-    val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
-    curve = LearningCurve.for_run(run_dir, cfg.scenario, tgt, VALIDATION_SEED, val_env.unwrapped.information, baselines,
-                                  (hp.get("curves") or {}).get("hindsight_sims", HINDSIGHT_SIMS),
-                                  hindsight=curves.hindsight) if cfg.score_every else None
+    baselines, val_env, curve = _validation_setup(cfg, hp, run_dir, curves)
 
     def evaluate(m: Any) -> dict:
         s = run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
