@@ -114,9 +114,11 @@ class Driver:
         """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry):
         what :class:`~llmsched_gym.core.batching.BatchBuilder` forms by the budget alone
         (``memory=False``: the engine's LIFO preemption handles an overflow)."""
-        dp = self.dp
+        dp, mid = self.dp, self.engine.n_in_prefill
+        if budget is None and not mid and not dp.victims:  # (what the builder forms, without it)
+            return BatchPlan(prefill=dict.fromkeys(admit, BatchPlan.FULL))
         b = BatchBuilder(self.view, budget, reserve=False, preempted=dp.victims, memory=False,
-                         unfinished=dp.unfinished_prefills() if self.view.n_in_prefill else ([], []))
+                         unfinished=dp.unfinished_prefills() if mid else ([], []))
         b.decode_first(preempt=False)
         b.continue_prefills()
         for rid in admit:
@@ -145,14 +147,14 @@ class Driver:
     def execute(self, plan: BatchPlan) -> None:
         """Run ``plan`` on the engine (one iteration, or a fast-forwarded decode run) and note
         what it did in :attr:`recent`."""
-        e, recent = self.engine, self.recent
-        t0, it0, pf0, dec0 = e.clock, e.n_iterations, e.total_prefill_tokens, e.total_decoded
+        e, recent, c = self.engine, self.recent, self.engine.counters
+        t0, it0, pf0, dec0 = e.clock, c.n_iterations, c.total_prefill_tokens, c.total_decoded
         e.execute(plan)
-        its = e.n_iterations - it0
+        its = c.n_iterations - it0
         if its:
             recent.iter_s = (e.clock - t0) / its
-            recent.prefill_tokens = e.total_prefill_tokens - pf0
-            recent.decode_tokens = (e.total_decoded - dec0) // its
+            recent.prefill_tokens = c.total_prefill_tokens - pf0
+            recent.decode_tokens = (c.total_decoded - dec0) // its
         if plan.pause or e.n_in_prefill or recent.stalled:
             self._track_stalls(plan, t0)
 

@@ -428,7 +428,8 @@ class LLMSchedEnv(gym.Env):
         bid, invalid0 = self.dp.bid, driver.n_invalid
         self._mode.step(action)
         self._steps += 1
-        self._check_end()
+        if driver.ended:
+            self._check_end()
         if self.dp.bid == bid and not self._ended:  # still forming the same batch
             reward = -self.invalid_penalty * (driver.n_invalid - invalid0)
             self._return += reward
