@@ -21,6 +21,7 @@ keeps what the observation reads about the last batches
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -113,20 +114,47 @@ class Driver:
     def form(self, budget: int | None, admit: list[int]) -> BatchPlan:
         """The batch launching now with ``budget`` and the admissions ``admit`` would run (dry):
         what :class:`~llmsched_gym.core.batching.BatchBuilder` forms by the budget alone
-        (``memory=False``: the engine's LIFO preemption handles an overflow)."""
-        dp, mid = self.dp, self.engine.n_in_prefill
-        if budget is None and not mid and not dp.victims:  # (what the builder forms, without it)
+        (``memory=False``: the engine's LIFO preemption handles an overflow).
+
+        When the budget reaches every decode (most launches) the builder's phases reduce to a
+        loop over the decision point's cached batch shape and unfinished prefills, run here
+        without building it: decodes first, then the unfinished prefills in admission order, then
+        the admissions, each with a chunk of what the budget leaves."""
+        dp = self.dp
+        if budget is None and not dp.victims and not self.engine.n_in_prefill:  # whole prompts, nothing else
             return BatchPlan(prefill=dict.fromkeys(admit, BatchPlan.FULL))
-        b = BatchBuilder(self.view, budget, reserve=False, preempted=dp.victims, memory=False,
-                         unfinished=dp.unfinished_prefills() if mid else ([], []))
-        b.decode_first(preempt=False)
-        b.continue_prefills()
-        for rid in admit:
-            if not b.admit(rid):
+        n_dec = dp.batch_shape()[0]
+        if budget is not None and budget < n_dec:  # decodes pause: the builder's own phases
+            b = BatchBuilder(self.view, budget, reserve=False, preempted=dp.victims, memory=False,
+                             unfinished=dp.unfinished_prefills() if self.engine.n_in_prefill else ([], []))
+            b.decode_first(preempt=False)
+            b.continue_prefills()
+            for rid in admit:
+                if not b.admit(rid):
+                    break
+            plan = b.plan()
+            plan.hold = False
+            return plan
+        left = math.inf if budget is None else budget - n_dec
+        prefill: dict[int, int] = {}
+        for rid, owed in zip(*dp.unfinished_prefills(), strict=True):
+            if left <= 0:
                 break
-        plan = b.plan()
-        plan.hold = False
-        return plan
+            c = owed if owed <= left else left
+            prefill[rid] = c
+            left -= c
+        if budget is None:
+            prefill.update(dict.fromkeys(admit, BatchPlan.FULL))
+        elif left > 0:
+            target, match = self.engine.prefill_target, self.engine.kv.match_tokens
+            for rid in admit:
+                c = int(target[rid]) - match(rid)
+                if c >= left:
+                    prefill[rid] = left
+                    break
+                prefill[rid] = c
+                left -= c
+        return BatchPlan(prefill=prefill, preempt=list(dp.victims))
 
     # ------------------------------------------------------------------------------------------
     # the loop between decisions
