@@ -132,7 +132,7 @@ class SelectMode(Mode):
         dp = self.dp
         if dp.version != self._mask_version:  # unchanged until the slots or the batch change
             self._mask_version = dp.version
-            preempt = len(self.driver.engine.running) > len(dp.victims)
+            preempt = len(self.driver.view.running) > len(dp.victims)
             if dp.all_ok:
                 key = (len(dp.slots), preempt)
                 got = self._templates.get(key)
