@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baselines import make_policy
-from llmsched_gym.core.batching import BatchBuilder
+from llmsched_gym.core.batching import BatchBuilder, budget_plan
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.latency import UnitLatency
 from llmsched_gym.core.request import Workload
@@ -169,3 +169,32 @@ def test_a_formed_batch_fits_its_budget_and_the_free_blocks_it_reports(data, bs,
         before = trial.n_preempt_events
         trial.execute(plan)
         assert trial.n_preempt_events - before == len(plan.preempt)  # the overflow handler never ran
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), st.sampled_from([1, 4, 16]), st.booleans())
+def test_budget_plan_is_the_builders_plan_when_the_budget_reaches_every_decode(data, bs, prefix):
+    """The env's launch former (``budget_plan``, closed form) against the builder's own phases."""
+    e = random_engine(data.draw, bs, prefix)
+    if not e.poll():
+        return
+    view = e.view
+    running = list(view.running)
+    victims = data.draw(st.lists(st.sampled_from(running), unique=True, max_size=2)) if running else []
+    survivors = [r for r in running if r not in victims]
+    n_dec = sum(1 for r in survivors if view.prefilled[r] >= view.prefill_target[r])
+    mid = [r for r in survivors if view.prefilled[r] < view.prefill_target[r]]
+    unfinished = (mid, [int(view.prefill_target[r] - view.prefilled[r]) for r in mid])
+    budget = data.draw(st.sampled_from([None, n_dec, n_dec + 1, n_dec + 8, n_dec + 64]))
+    admit = list(view.waiting)[: data.draw(st.integers(0, 4))]
+    b = BatchBuilder(view, budget, reserve=False, preempted=victims, memory=False)
+    b.decode_first(preempt=False)
+    b.continue_prefills()
+    for rid in admit:
+        if not b.admit(rid):
+            break
+    built = b.plan()
+    quick = budget_plan(view, budget, admit, n_dec, unfinished, victims)
+    assert quick.prefill == built.prefill
+    assert list(quick.prefill) == list(built.prefill)  # the same order
+    assert sorted(quick.preempt) == sorted(built.preempt) and not built.pause

@@ -36,6 +36,45 @@ from llmsched_gym.core.scheduler import BatchPlan, EngineView
 UNLIMITED = math.inf
 
 
+def budget_plan(view: EngineView, budget: int | None, admit: list[int], n_decode: int,
+                unfinished: tuple[list[int], list[int]], preempted: list[int]) -> BatchPlan:
+    """What :class:`BatchBuilder` forms by the token budget alone (``reserve=False``,
+    ``memory=False``: ``decode_first(preempt=False)``, ``continue_prefills()``, then ``admit`` in
+    order until one does not fit), in closed form, for a budget that reaches every decode
+    (``budget is None or budget >= n_decode``): the decodes, then the unfinished prefills in
+    admission order, then the admissions, each with a chunk of what the budget leaves.
+
+    The env forms a batch at every launch; this is the builder's own rule without building one
+    (tests/test_batching.py checks that both give the same plan on random states).
+
+    :param n_decode: the running requests (less ``preempted``) past their prefill.
+    :param unfinished: the surviving running requests with an unfinished prefill, in admission
+        order, and the prompt tokens each still owes.
+    """
+    if budget is not None and budget < n_decode:
+        raise ValueError(f"budget_plan: budget {budget} does not reach the {n_decode} decodes (use BatchBuilder)")
+    left = math.inf if budget is None else budget - n_decode
+    prefill: dict[int, int] = {}
+    for rid, owed in zip(*unfinished, strict=True):
+        if left <= 0:
+            break
+        c = owed if owed <= left else left
+        prefill[rid] = c
+        left -= c
+    if budget is None:
+        prefill.update(dict.fromkeys(admit, BatchPlan.FULL))
+    elif left > 0:
+        target, match = view.prefill_target, view.kv.match_tokens
+        for rid in admit:
+            c = int(target[rid]) - match(rid)
+            if c >= left:
+                prefill[rid] = left
+                break
+            prefill[rid] = c
+            left -= c
+    return BatchPlan(prefill=prefill, preempt=list(preempted))
+
+
 class BatchBuilder:
     """One iteration's batch, formed phase by phase (see the module docstring).
 

@@ -21,12 +21,11 @@ keeps what the observation reads about the last batches
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
 
-from llmsched_gym.core.batching import BatchBuilder
+from llmsched_gym.core.batching import BatchBuilder, budget_plan
 from llmsched_gym.core.engine import RUNNING, WAITING, Engine
 from llmsched_gym.core.scheduler import BatchPlan, EngineView
 from llmsched_gym.env.actions import InvalidActionError
@@ -116,10 +115,9 @@ class Driver:
         what :class:`~llmsched_gym.core.batching.BatchBuilder` forms by the budget alone
         (``memory=False``: the engine's LIFO preemption handles an overflow).
 
-        When the budget reaches every decode (most launches) the builder's phases reduce to a
-        loop over the decision point's cached batch shape and unfinished prefills, run here
-        without building it: decodes first, then the unfinished prefills in admission order, then
-        the admissions, each with a chunk of what the budget leaves."""
+        When the budget reaches every decode (most launches) the builder's phases reduce to
+        :func:`~llmsched_gym.core.batching.budget_plan` over the decision point's cached batch
+        shape and unfinished prefills (the same plan, without building a builder)."""
         dp = self.dp
         if budget is None and not dp.victims and not self.engine.n_in_prefill:  # whole prompts, nothing else
             return BatchPlan(prefill=dict.fromkeys(admit, BatchPlan.FULL))
@@ -135,26 +133,7 @@ class Driver:
             plan = b.plan()
             plan.hold = False
             return plan
-        left = math.inf if budget is None else budget - n_dec
-        prefill: dict[int, int] = {}
-        for rid, owed in zip(*dp.unfinished_prefills(), strict=True):
-            if left <= 0:
-                break
-            c = owed if owed <= left else left
-            prefill[rid] = c
-            left -= c
-        if budget is None:
-            prefill.update(dict.fromkeys(admit, BatchPlan.FULL))
-        elif left > 0:
-            target, match = self.engine.prefill_target, self.engine.kv.match_tokens
-            for rid in admit:
-                c = int(target[rid]) - match(rid)
-                if c >= left:
-                    prefill[rid] = left
-                    break
-                prefill[rid] = c
-                left -= c
-        return BatchPlan(prefill=prefill, preempt=list(dp.victims))
+        return budget_plan(self.view, budget, admit, n_dec, dp.unfinished_prefills(), dp.victims)
 
     # ------------------------------------------------------------------------------------------
     # the loop between decisions
