@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.core.metrics import metric_value
+
 CURVE_JSON = "curve.json"
 CURVE_PNG = "learning_curve.png"
 HINDSIGHT_SIMS = 20
@@ -70,19 +72,6 @@ class CurveSetup:
 
     tasks: Mapping[str, Any] = field(default_factory=dict)
     hindsight: Callable[..., Any] | None = None
-
-
-def metric_value(summary: dict[str, Any], path: str) -> float:
-    """The number at a dotted path of a run summary (``serving.p99_ttft_ms``); nan when absent."""
-    node: Any = summary
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return math.nan
-        node = node[part]
-    try:
-        return float(node)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def completed(summary: dict[str, Any]) -> bool:

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from llmsched_gym.core.metrics import metric_value
 from llmsched_gym.core.scenarios import build_scenario, get_scenario
 from llmsched_gym.data import synthetic_note
 from llmsched_gym.parallel import Cell, Settings, run_cells
@@ -148,18 +149,6 @@ TASKS: tuple[Task, ...] = (
          why="generalisation: another real trace (Chatbot Arena, Sheng et al. 2024) on azure-conv's engine"),
 )
 QUICK_TASKS = ("azure-conv", "jaillet-high")
-
-
-def metric_value(summary: dict[str, Any], path: str) -> float:
-    node: Any = summary
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return math.nan
-        node = node[part]
-    try:
-        return float(node)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def t_interval(x: list[float] | np.ndarray) -> tuple[float, float, float]:

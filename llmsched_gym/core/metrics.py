@@ -31,6 +31,19 @@ if TYPE_CHECKING:
 STATE_NAMES = ("pending", "waiting", "running", "completed", "rejected")
 
 
+def metric_value(summary: dict[str, Any], path: str) -> float:
+    """The number at a dotted path of a run summary (``serving.p99_ttft_ms``); nan when absent."""
+    node: Any = summary
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return math.nan
+        node = node[part]
+    try:
+        return float(node)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _stats(x: np.ndarray) -> dict[str, float]:
     x = x[np.isfinite(x)]
     if not len(x):

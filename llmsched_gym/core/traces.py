@@ -48,7 +48,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -363,12 +363,10 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def load_jsonl(path: str | os.PathLike, *, on_zero: str = "error", first_segment_id: int = 0) -> Workload:
-    """Generic JSON Lines: one object per line with the keys of :func:`load_csv`'s columns."""
-    path = Path(path)
+def _json_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict]]:
+    """The JSON objects of a JSON Lines file with their line numbers (blank lines skipped), each
+    checked to be an object without duplicate keys that has every ``required`` key."""
     src = path.name
-    lines: list[int] = []
-    columns: dict[str, list[str]] = {name: [] for name in GENERIC_COLUMNS}
     for lineno, text in enumerate(_read_text(path).split("\n"), start=1):
         if not text.strip():
             continue
@@ -382,6 +380,19 @@ def load_jsonl(path: str | os.PathLike, *, on_zero: str = "error", first_segment
             raise TraceError(f"{src}:{lineno}: {e.args[0]}: key appears twice") from None
         if not isinstance(obj, dict):
             raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got {text.strip()[:40]!r}")
+        for key in required:
+            if key not in obj:
+                raise TraceError(f"{src}:{lineno}: {key}: required key is missing")
+        yield lineno, obj
+
+
+def load_jsonl(path: str | os.PathLike, *, on_zero: str = "error", first_segment_id: int = 0) -> Workload:
+    """Generic JSON Lines: one object per line with the keys of :func:`load_csv`'s columns."""
+    path = Path(path)
+    src = path.name
+    lines: list[int] = []
+    columns: dict[str, list[str]] = {name: [] for name in GENERIC_COLUMNS}
+    for lineno, obj in _json_rows(path, ()):
         for key in obj:
             if key not in columns:
                 raise TraceError(f"{src}:{lineno}: {key}: unknown key (allowed: {', '.join(GENERIC_COLUMNS)})")
@@ -414,20 +425,7 @@ def load_mooncake(path: str | os.PathLike, *, on_zero: str = "error") -> Workloa
     lines: list[int] = []
     cols: dict[str, list[str]] = {k: [] for k in keys[:3]}
     prefix: list[Segments | None] = []
-    for lineno, text in enumerate(_read_text(path).split("\n"), start=1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text, object_pairs_hook=_unique_keys)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got invalid JSON ({e.msg})") from None
-        except _DuplicateKey as e:
-            raise TraceError(f"{src}:{lineno}: {e.args[0]}: key appears twice") from None
-        if not isinstance(obj, dict):
-            raise TraceError(f"{src}:{lineno}: row: expected a JSON object, got {text.strip()[:40]!r}")
-        for key in keys:
-            if key not in obj:
-                raise TraceError(f"{src}:{lineno}: {key}: required key is missing")
+    for lineno, obj in _json_rows(path, keys):
         lines.append(lineno)
         for key in keys[:3]:
             v = obj[key]
