@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, NamedTuple
 
-from llmsched_gym.config import ConfigError
+from llmsched_gym.config import ConfigError, coerce_like
 from llmsched_gym.core.cluster import Router
 
 
@@ -46,8 +46,11 @@ def router_class(name: str) -> type[Router]:
 
 
 def make_router(name: str, **params: Any) -> Router:
-    """The router ``name`` with ``params`` over its preset's (unknown names are a ConfigError)."""
+    """The router ``name`` with ``params`` over its preset's: an unknown name or parameter, or a
+    value of another type than the parameter's default, is a one-line ConfigError
+    (``router.w_queue: expected a number, got 'x'``)."""
     cls = router_class(name)
+    params = {k: coerce_like(f"router.{k}", v, cls.params[k]) if k in cls.params else v for k, v in params.items()}
     r = cls(**{**ROUTERS[name].preset, **params})
     r.name = name
     return r

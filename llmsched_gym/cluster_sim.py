@@ -8,6 +8,18 @@
 Every replica runs the scenario's engine settings, batch-time model and the given replica policy
 (its own instance); ``replica_overrides`` changes single replicas (``{2: {"latency":
 "roofline:llama-3.1-8b/a100"}}``: a slower GPU for replica 2), so replicas may differ.
+
+A scenario may declare its cluster (``llmsched_gym/scenarios/mooncake-conv-8.yml``)::
+
+    cluster:
+      n_replicas: 8
+      router: llm-d                  # or NAME:key=value,..., e.g. llm-d:prefix=approximate
+      router_params: {w_queue: 2.0}  # over the router's defaults
+      refresh_s: 0.1                 # load-signal snapshots (0: exact at every arrival)
+      replicas:                      # per replica index: what differs there
+        7: {latency: "roofline:llama-3.1-8b/a100", engine: {kv_capacity_tokens: 200000}}
+
+the arguments of :func:`simulate_cluster` override it.
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from llmsched_gym.config import ConfigError, explicit_engine_keys, merge_engine_overrides
+from llmsched_gym.config import ConfigError, check_cluster, explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.cluster import DEFAULT_REFRESH_S, Cluster, Replica, Router
 from llmsched_gym.core.engine import EngineConfig
 from llmsched_gym.core.information import information_of
@@ -41,66 +53,111 @@ class ClusterResult:
 
 
 def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | None = None,
-                 router: str | Router = "round-robin", n_replicas: int = 1, seed: int = 0,
+                 router: str | Router | None = None, n_replicas: int | None = None, seed: int = 0,
                  overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
-                 refresh_s: float = DEFAULT_REFRESH_S,
+                 refresh_s: float | None = None,
                  replica_overrides: dict[int, dict[str, Any]] | None = None,
                  workload: Workload | None = None) -> tuple[Cluster, dict[str, Any]]:
-    """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`)."""
-    if not isinstance(n_replicas, int) or isinstance(n_replicas, bool) or not 1 <= n_replicas <= 4096:
-        raise ConfigError(f"cluster.n_replicas: expected an integer in 1..4096, got {n_replicas!r}")
+    """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`) and the checked scenario."""
     spec = resolve_scenario(scenario, overrides)
+    c = cluster_settings(spec, router, n_replicas, router_params, refresh_s, replica_overrides)
+    n_replicas = c["n_replicas"]
     pol = spec.get("policy", "fcfs") if policy is None else policy
+    engine_spec = {k: v for k, v in spec.items() if k != "cluster"}
     if workload is None:
-        workload, config, latency = build_scenario(spec, seed)
+        workload, config, latency = build_scenario(engine_spec, seed, checked=True)
     else:  # the scenario's engine and batch-time model only (its own requests are not built)
         config = EngineConfig(**spec.get("engine", {}))
         config.validate()
         latency = make_latency(spec.get("latency", "unit"))
     from baselines import check_applicable
-    from baselines.routers import make_router
 
-    rt = router if isinstance(router, Router) else make_router(router, **(router_params or {}))
-    extra = replica_overrides or {}
-    for r in extra:
-        if not (isinstance(r, int) and 0 <= r < n_replicas):
-            raise ConfigError(f"cluster.replica_overrides: replica {r!r} is not in 0..{n_replicas - 1}")
+    rt = c["router"]
+    if not isinstance(rt, Router):
+        from baselines.routers import make_router
+
+        try:
+            rt = make_router(rt, **c["router_params"])
+        except ConfigError as e:  # router: / router.KEY: -> the scenario's field
+            raise ConfigError(f"cluster.{e}" if str(e).startswith("router") else str(e)) from None
+    extra = c["replicas"]
     replicas = []
     for r in range(n_replicas):
         over = extra.get(r, {})
-        unknown = set(over) - {"policy", "latency", "engine"}
-        if unknown:
-            raise ConfigError(f"cluster.replica_overrides[{r}].{sorted(unknown)[0]}: unknown key "
-                              "(allowed: policy, latency, engine)")
         sched = make_policy(over.get("policy", pol))
         check_applicable(sched, information_of(workload))
         cfg = EngineConfig(**{**asdict(config), **over.get("engine", {})})
         if sched.engine_overrides:
             cfg = EngineConfig(**merge_engine_overrides(asdict(cfg), sched.engine_overrides,
-                                                        explicit_engine_keys(overrides)))
+                                                        explicit_engine_keys(overrides) | set(over.get("engine", {}))))
         lat = make_latency(over["latency"]) if "latency" in over else copy.deepcopy(latency)
         replicas.append(Replica(cfg, lat, sched))
-    return Cluster(workload, replicas, rt, seed=seed, refresh_s=refresh_s), spec
+    return Cluster(workload, replicas, rt, seed=seed, refresh_s=c["refresh_s"]), spec
+
+
+def cluster_settings(spec: dict[str, Any], router: str | Router | None = None, n_replicas: int | None = None,
+                     router_params: dict[str, Any] | None = None, refresh_s: float | None = None,
+                     replica_overrides: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The cluster a run builds: each argument given here, else the scenario's ``cluster:`` section
+    (checked by :func:`llmsched_gym.config.check_cluster`), else the default (1 replica,
+    round-robin, :data:`~llmsched_gym.core.cluster.DEFAULT_REFRESH_S`). A router given as
+    ``NAME:key=value,...`` carries its parameters; ``router_params`` are added to them (a router
+    given here replaces the scenario's along with its parameters).
+
+    :returns: ``n_replicas``, ``router`` (a name or a :class:`Router`), ``router_params``,
+        ``refresh_s`` and ``replicas`` (index -> overrides), checked.
+    """
+    section = dict(spec.get("cluster") or {})
+    if n_replicas is not None:
+        section["n_replicas"] = n_replicas
+    if router is not None and not isinstance(router, Router):
+        section["router"] = router
+        section.pop("router_params", None)
+    if router_params is not None:
+        section["router_params"] = {**section.get("router_params", {}), **router_params}
+    if refresh_s is not None:
+        section["refresh_s"] = refresh_s
+    if replica_overrides is not None:
+        section["replicas"] = {**section.get("replicas", {}), **replica_overrides}
+    c = check_cluster(section)
+    name, params = "round-robin", {}
+    if isinstance(router, Router):
+        name = router
+    elif "router" in c:
+        from baselines import parse_spec
+
+        parsed = parse_spec(c["router"], "cluster.router")
+        name, params = (parsed, {}) if isinstance(parsed, str) else (parsed["name"], {
+            k: v for k, v in parsed.items() if k != "name"})
+    return {"n_replicas": c.get("n_replicas", 1), "router": name,
+            "router_params": {**params, **c.get("router_params", {})},
+            "refresh_s": c.get("refresh_s", DEFAULT_REFRESH_S), "replicas": c.get("replicas", {})}
 
 
 def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | None = None,
-                     router: str | Router = "round-robin", n_replicas: int = 1, seed: int = 0,
+                     router: str | Router | None = None, n_replicas: int | None = None, seed: int = 0,
                      overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
-                     refresh_s: float = DEFAULT_REFRESH_S,
+                     refresh_s: float | None = None,
                      replica_overrides: dict[int, dict[str, Any]] | None = None,
                      workload: Workload | None = None) -> ClusterResult:
     """Run ``scenario`` on ``n_replicas`` replicas of ``policy`` behind ``router``.
 
+    Every cluster setting left ``None`` comes from the scenario's ``cluster:`` section (see
+    :func:`cluster_settings`), else its default.
+
     :param scenario: as :func:`llmsched_gym.sim.simulate` (name, ``.yml`` file, trace or dict).
     :param policy: the replica scheduler (default: the scenario's).
-    :param router: a router name (:data:`baselines.routers.ROUTERS`) or a :class:`Router`.
-    :param n_replicas: N (1 runs the plain engine's exact result).
+    :param router: a router name (:data:`baselines.routers.ROUTERS`), ``NAME:key=value,...`` or a
+        :class:`Router` (default: the scenario's, else round-robin).
+    :param n_replicas: N (1 runs the plain engine's exact result; default: the scenario's, else 1).
     :param seed: seeds the workload, the engines, the policies and the router.
-    :param overrides: dotted scenario overrides (``{"workload.n_requests": 2000}``).
-    :param router_params: the router's keyword parameters.
-    :param refresh_s: load-signal refresh interval (0 = exact at every arrival).
+    :param overrides: dotted scenario overrides (``{"workload.n_requests": 2000}``,
+        ``{"cluster.refresh_s": 0}``).
+    :param router_params: the router's keyword parameters (over those of its spec).
+    :param refresh_s: load-signal refresh interval (0 = exact at every arrival; default: the
+        scenario's, else 0.1 s).
     :param replica_overrides: per replica index, ``policy``, ``latency`` and ``engine`` fields that
-        replace the scenario's for that replica.
+        replace the scenario's for that replica (over the scenario's ``cluster.replicas``).
     :param workload: requests to run instead of the scenario's (e.g. from
         :func:`llmsched_gym.core.sessions.prefix_groups`), on the scenario's engine settings.
     """

@@ -212,6 +212,25 @@ SCENARIO: dict[str, Setting] = {
     "engine": Setting("dict"),
     "latency": Setting(("str", "dict")),
     "policy": Setting(("str", "dict")),
+    "cluster": Setting("dict"),
+}
+
+MAX_REPLICAS = 4096
+"""Most replicas a cluster may have (each is an engine with its own per-request arrays)."""
+
+#: A scenario's ``cluster:`` section (:mod:`llmsched_gym.core.cluster`; ``llmsched cluster run``).
+CLUSTER: dict[str, Setting] = {
+    "n_replicas": Setting("int", ge=1, le=MAX_REPLICAS),
+    "router": Setting("str"),  # a router name, or NAME:key=value,... (baselines.routers.ROUTERS)
+    "router_params": Setting("dict"),
+    "refresh_s": Setting("float", ge=0),
+    "replicas": Setting("dict"),  # replica index -> the fields below, replacing the scenario's
+}
+#: One entry of ``cluster.replicas``: what differs on that replica.
+REPLICA: dict[str, Setting] = {
+    "policy": Setting(("str", "dict")),
+    "latency": Setting(("str", "dict")),
+    "engine": Setting("dict"),
 }
 
 
@@ -249,7 +268,54 @@ def check_scenario(spec: Any) -> dict[str, Any]:
         name = policy.get("name")
         if name is not None and not isinstance(name, str):
             raise ConfigError(f"policy.name: expected a policy name (a string), got {_show(name)}")
+    if "cluster" in out:
+        out["cluster"] = check_cluster(out["cluster"])
     return out
+
+
+def check_cluster(section: Any, path: str = "cluster") -> dict[str, Any]:
+    """A checked copy of a scenario's ``cluster:`` section (:data:`CLUSTER`): the replica count, the
+    router (its name and parameters are checked where the router is built, by
+    :func:`baselines.routers.make_router`), the load-signal refresh interval and per-replica
+    overrides (:data:`REPLICA`), keyed by replica index (an integer, or its digits as a string,
+    as ``--set cluster.replicas.2.latency=...`` gives it) in ``0 .. n_replicas - 1``.
+
+    >>> check_cluster({"n_replicas": 2, "replicas": {"1": {"engine": {"kv_capacity_tokens": 8000}}}})
+    {'n_replicas': 2, 'replicas': {1: {'engine': {'kv_capacity_tokens': 8000}}}}
+    """
+    out = check_section(path, section, CLUSTER)
+    n = out.get("n_replicas", 1)
+    replicas: dict[int, dict[str, Any]] = {}
+    for key, value in out.get("replicas", {}).items():
+        index = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.strip().isdigit():
+            index = int(key)
+        if index is None or not 0 <= index < n:
+            raise ConfigError(f"{path}.replicas.{_name(str(key))}: not a replica index; allowed: 0 .. {n - 1} "
+                              f"({path}.n_replicas is {n})")
+        entry = check_section(f"{path}.replicas.{index}", value, REPLICA)
+        if "engine" in entry:
+            entry["engine"] = check_engine(entry["engine"], f"{path}.replicas.{index}.engine")
+        replicas[index] = {**replicas.get(index, {}), **entry}  # 2 and "2" (a --set) both name replica 2
+    if "replicas" in out:
+        out["replicas"] = dict(sorted(replicas.items()))
+    return out
+
+
+def single_engine(spec: Mapping[str, Any]) -> None:
+    """Raise ConfigError if the checked scenario ``spec`` declares a cluster that one engine cannot
+    run (more than one replica, or per-replica overrides): ``llmsched run``, ``simulate()`` and
+    ``LLMSched-v1`` serve one engine; ``llmsched cluster run``, ``simulate_cluster()`` and
+    ``LLMSchedCluster-v0`` serve the cluster. A ``cluster:`` section of one replica without
+    overrides is the plain engine (its router has nothing to choose)."""
+    c = spec.get("cluster") or {}
+    n = c.get("n_replicas", 1)
+    if n > 1 or c.get("replicas"):
+        what = f"a cluster of {n} replicas" if n > 1 else "a replica with overrides of its own (cluster.replicas)"
+        one = "--set cluster.n_replicas=1" + (" --set cluster.replicas={}" if c.get("replicas") else "")
+        raise ConfigError(f"cluster.n_replicas: this scenario declares {what}, which one engine cannot serve; run "
+                          "it with `llmsched cluster run` (simulate_cluster(), LLMSchedCluster-v0), or as one "
+                          f"engine with {one}")
 
 
 #: An entry of ``agents/hyperparams/*.yml`` (rl-zoo layout); ``--hp KEY=VALUE`` is checked the same way.
@@ -485,7 +551,7 @@ def split_policy_sets(sets: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str
     return rest, policy
 
 
-SECTIONS = ("workload", "engine", "latency", "policy", "description", "paper")
+SECTIONS = ("workload", "engine", "latency", "policy", "cluster", "description", "paper")
 
 
 def apply_overrides(spec: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -765,9 +831,9 @@ def check_distinct(outputs: Mapping[str, str | os.PathLike[str] | None]) -> None
 
 
 __all__ = [
-    "ENGINE", "HYPERPARAMS", "MAX_LAYERS", "MAX_REQUESTS", "MAX_WIDTH", "OVERFLOW_HANDLERS", "PREEMPT_MODES", "SCENARIO", "WORKLOAD", "ConfigError", "Setting",
-    "MAX_YAML_BYTES", "MAX_YAML_NODES", "SAFE_NAME", "apply_overrides", "check_distinct", "check_engine", "check_network_sizes", "check_hyperparams", "check_output_dir", "check_output_file",
+    "CLUSTER", "ENGINE", "HYPERPARAMS", "MAX_LAYERS", "MAX_REPLICAS", "REPLICA", "MAX_REQUESTS", "MAX_WIDTH", "OVERFLOW_HANDLERS", "PREEMPT_MODES", "SCENARIO", "WORKLOAD", "ConfigError", "Setting",
+    "MAX_YAML_BYTES", "MAX_YAML_NODES", "SAFE_NAME", "apply_overrides", "check_cluster", "check_distinct", "check_engine", "check_network_sizes", "check_hyperparams", "check_output_dir", "check_output_file",
     "check_run_name", "check_scenario", "check_section", "coerce_like", "explicit_engine_keys", "load_yaml",
     "merge_engine_overrides", "parse_sets", "parse_value", "read_text_bounded", "run_folder", "safe_run_name",
-    "split_policy_sets", "yaml_load",
+    "single_engine", "split_policy_sets", "yaml_load",
 ]

@@ -19,8 +19,11 @@ from llmsched_gym.env.llmsched_env import LLMSchedEnv
 from llmsched_gym.env.observation import GLOBAL_FEATURES, QUEUE_FEATURES, RUNNING_FEATURES, R
 from llmsched_gym.sim import make_policy, simulate
 
+ONE_REPLICA = {"cluster.n_replicas": 1}  # a cluster scenario's engine, as LLMSched-v1 serves one
 SMALL = small_cuts(80, tuple(SCENARIOS), offline=10,
-                   sizes={"azure-conv": 60, "vtc-arena": 60, "echo-hybrid": 20, "mooncake-conv": 30})
+                   sizes={"azure-conv": 60, "vtc-arena": 60, "echo-hybrid": 20, "mooncake-conv": 30,
+                          "mooncake-conv-8": 30, "prefix-groups-8": 30},
+                   extra={name: ONE_REPLICA for name, spec in SCENARIOS.items() if "cluster" in spec})
 
 
 def tiny(prompt, output, capacity, arrival=None, emits=False, overflow="forbid"):

@@ -114,6 +114,9 @@ MODELS: dict[str, ModelSpec] = {
                   vocab=128256, rope_theta=500000.0),
         ModelSpec("Llama-3.1-8B", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, params=8.030e9,
                   vocab=128256, rope_theta=500000.0),
+        # Qwen3-32B (Qwen team 2025, its published config.json): the model of llm-d's prefix-cache benchmark
+        ModelSpec("Qwen3-32B", layers=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, ffn=25600, params=32.76e9,
+                  vocab=151936, rope_theta=1000000.0),
         ModelSpec("Llama-3.2-1B", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192, params=1.236e9,
                   vocab=128256, rope_theta=500000.0, tie_embeddings=True),
     )

@@ -1,12 +1,15 @@
 """Scenarios: a workload spec, engine settings and a batch-time model, as plain data (YAML).
 
-A scenario is a mapping with four sections::
+A scenario is a mapping with four sections, and a fifth for a cluster::
 
     workload:  the spec of :func:`llmsched_gym.core.workload.build_workload` (or ``explicit``
                arrays for hand-made instances)
     engine:    fields of :class:`llmsched_gym.core.engine.EngineConfig`
     latency:   a :func:`llmsched_gym.core.latency.make_latency` spec
     policy:    the default policy name (``--policy`` overrides it)
+    cluster:   optional: N replicas of that engine behind a router
+               (:func:`llmsched_gym.config.check_cluster`; run by ``llmsched cluster run`` and
+               :func:`llmsched_gym.cluster_sim.simulate_cluster`, refused by the one-engine paths)
 
 plus ``description`` and ``paper`` (where it comes from). The built-in scenarios are the YAML files
 in ``llmsched_gym/scenarios/``; ``llmsched list --scenario NAME --show`` prints one to start from,
@@ -26,7 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from llmsched_gym.config import ConfigError, apply_overrides, check_scenario, load_yaml, yaml_load
+from llmsched_gym.config import (
+    ConfigError,
+    apply_overrides,
+    check_scenario,
+    load_yaml,
+    single_engine,
+    yaml_load,
+)
 from llmsched_gym.core.engine import EngineConfig
 from llmsched_gym.core.latency import LatencyModel, make_latency
 from llmsched_gym.core.request import Workload, WorkloadError
@@ -150,6 +160,7 @@ def build_scenario(spec: dict[str, Any], seed: int, checked: bool = False) -> tu
 
     if not checked:
         spec = check_scenario(spec)
+    single_engine(spec)  # a cluster runs through llmsched_gym.cluster_sim, which takes its section off
     wspec = spec["workload"]
     try:
         if "explicit" in wspec:

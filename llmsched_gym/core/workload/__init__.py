@@ -64,6 +64,13 @@ Spec of :func:`build_workload` (every key optional unless said; unknown keys rai
     ``{"type": "users", "users", "k", "user_tokens", "doc_tokens", "base_tokens", "s",
     "shuffle"}``: Dexter et al. 2025's Definition 4 queue (see :func:`regular_shuffled_queue`); an explicit
     ``arrival`` replaces the regular slots ``s, 2s, ...``.
+    ``{"type": "sessions", "groups", "tokens", "question_tokens", "output_tokens", "turns",
+    "think_s", "length_cv"}``: llm-d's prefix-heavy benchmark traffic (see
+    :func:`~llmsched_gym.core.sessions.prefix_groups`): sessions of ``turns`` turns (default 1)
+    start as a Poisson process (``arrival: {type: poisson, rate}``, the request rate), each in one
+    of ``groups`` groups whose ``tokens``-token system prompt starts every prompt; turn k repeats
+    the earlier questions and answers (``think_s`` apart). ``n_requests`` is required;
+    ``prompt``, ``output`` and ``types`` are not allowed.
 ``predictor`` (mapping)
     ``oracle``, ``lognormal`` (``sigma``), ``noisy`` (``x``), ``bucketed`` (``edges``, ``point`` =
     ``upper`` | ``mid``) or ``none``: see :func:`predict`. Default: oracle. The predictor sets the

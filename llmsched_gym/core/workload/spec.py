@@ -61,6 +61,7 @@ _LENGTHS = {
 _PREFIXES = {
     "system": (("groups", "tokens"), ("weights",)),
     "users": (("users", "k", "user_tokens", "doc_tokens"), ("base_tokens", "s", "shuffle")),
+    "sessions": (("groups", "tokens", "question_tokens", "output_tokens"), ("turns", "think_s", "length_cv")),
 }
 
 
@@ -178,6 +179,8 @@ class _Builder:
             kind, pp = _typed(prefix, f"{path}prefix", _PREFIXES)
             if kind == "users":
                 return self._users(spec, pp, path, n, horizon_s)
+            if kind == "sessions":
+                return self._sessions(spec, pp, path, n, horizon_s)
         types = spec.get("types")
         if types is not None:
             wl = self._types(spec, types, path, n, horizon_s)
@@ -243,6 +246,34 @@ class _Builder:
                                         base_tokens=base, output_tokens=out, arrival_s=arr,
                                         shuffle=bool(pp.get("shuffle", True)), rng=self.rng(pre),
                                         first_segment_id=first)
+        return _cut_workload(wl, None, horizon_s)
+
+
+    def _sessions(self, spec: dict, pp: dict, path: str, n: int | None, horizon_s: float | None) -> Workload:
+        """llm-d's prefix-heavy benchmark traffic: :func:`llmsched_gym.core.sessions.prefix_groups`."""
+        from llmsched_gym.core.sessions import prefix_groups
+
+        pre = f"{path}prefix"
+        for key in ("types", "prompt", "output"):
+            if key in spec:
+                raise WorkloadError(f"{path}{key}: not allowed with prefix type 'sessions' (question_tokens and "
+                                    "output_tokens set the lengths)")
+        if n is None:
+            raise WorkloadError(f"{path}n_requests: required with prefix type 'sessions'")
+        kind, ap = _typed(spec.get("arrival"), f"{path}arrival", _ARRIVALS)
+        if kind != "poisson":
+            raise WorkloadError(f"{path}arrival.type: prefix type 'sessions' starts sessions as a Poisson process; "
+                                f"allowed: poisson, got {kind!r}")
+        rate = _num(ap["rate"], f"{path}arrival.rate", gt=0)
+        if n == 0:
+            return Workload(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        with _field(pre):
+            groups = int(_num(pp["groups"], "groups", ge=1, integer=True))
+            turns = int(_num(pp.get("turns", 1), "turns", ge=1, integer=True))
+            first = self.segments(groups + 2 * turns * -(-n // turns))
+            wl = prefix_groups(n, rate, groups, pp["tokens"], pp["question_tokens"], pp["output_tokens"],
+                               turns=turns, think_s=pp.get("think_s", 0.0), rng=self.rng(pre),
+                               first_segment_id=first, length_cv=pp.get("length_cv", 0.0))
         return _cut_workload(wl, None, horizon_s)
 
 
