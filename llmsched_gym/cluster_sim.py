@@ -72,14 +72,7 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
         latency = make_latency(spec.get("latency", "unit"))
     from baselines import check_applicable
 
-    rt = c["router"]
-    if not isinstance(rt, Router):
-        from baselines.routers import make_router
-
-        try:
-            rt = make_router(rt, **c["router_params"])
-        except ConfigError as e:  # router: / router.KEY: -> the scenario's field
-            raise ConfigError(f"cluster.{e}" if str(e).startswith("router") else str(e)) from None
+    rt = c["router"] if isinstance(c["router"], Router) else build_router(c["router"], c["router_params"])
     extra = c["replicas"]
     replicas = []
     for r in range(n_replicas):
@@ -93,6 +86,23 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
         lat = make_latency(over["latency"]) if "latency" in over else copy.deepcopy(latency)
         replicas.append(Replica(cfg, lat, sched))
     return Cluster(workload, replicas, rt, seed=seed, refresh_s=c["refresh_s"]), spec
+
+
+def build_router(spec: str, params: dict[str, Any] | None = None, field: str = "cluster.router") -> Router:
+    """The router of ``spec`` (``NAME`` or ``NAME:key=value,...``, :data:`baselines.routers.ROUTERS`)
+    with ``params`` over the spec's; every error is one line naming ``field``
+    (``cluster.router.w_queue: expected a number, got 'heavy'``)."""
+    from baselines import parse_spec
+    from baselines.routers import make_router
+
+    parsed = parse_spec(spec, field)
+    name, own = (parsed, {}) if isinstance(parsed, str) else (parsed["name"], {
+        k: v for k, v in parsed.items() if k != "name"})
+    try:
+        return make_router(name, **{**own, **(params or {})})
+    except ConfigError as e:  # router: / router.KEY: -> the caller's field
+        text = str(e)
+        raise ConfigError(field + text[len("router"):] if text.startswith("router") else text) from None
 
 
 def cluster_settings(spec: dict[str, Any], router: str | Router | None = None, n_replicas: int | None = None,
@@ -168,3 +178,51 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
     wall = time.perf_counter() - t0
     summary = cluster.summary(spec.get("name", "custom"), cluster.engines[0].scheduler.name, wall)
     return ClusterResult(summary, cluster.request_table(), cluster.iteration_log(), cluster)
+
+
+def load_overrides(spec: dict[str, Any], load: float) -> dict[str, Any]:
+    """Dotted overrides that run the checked scenario ``spec`` at ``load`` times its arrival rate:
+    ``workload.arrival.rate`` (or ``mean_rate``) times ``load``, or for a trace without an
+    ``arrival`` its ``time_scale`` divided by ``load``. ``load = 1`` changes nothing.
+
+    :raises ConfigError: a scenario with neither (``loads: ...``), or a load that is not a number > 0.
+    """
+    if isinstance(load, bool) or not isinstance(load, int | float) or not (load > 0 and np.isfinite(load)):
+        raise ConfigError(f"loads: expected numbers > 0 (arrival-rate multipliers), got {load!r}")
+    if load == 1:
+        return {}
+    wl = spec.get("workload", {})
+    arrival = wl.get("arrival")
+    for key in ("rate", "mean_rate"):
+        if isinstance(arrival, dict) and key in arrival:
+            return {f"workload.arrival.{key}": float(arrival[key]) * load}
+    trace = wl.get("trace")
+    if isinstance(trace, dict):
+        return {"workload.trace.time_scale": float(trace.get("time_scale", 1.0)) / load}
+    raise ConfigError(f"loads: scenario {spec.get('name')!r} has no workload.arrival.rate or trace to scale")
+
+
+CELL_METRICS = ("serving.request_throughput", "serving.output_throughput", "serving.mean_ttft_ms",
+                "serving.p90_ttft_ms", "serving.p99_ttft_ms", "serving.mean_tpot_ms", "serving.p99_tpot_ms",
+                "serving.mean_e2el_ms", "serving.p99_e2el_ms", "cluster.prefix_hit_rate", "cluster.load_imbalance",
+                "cluster.busy_imbalance")
+"""The figures a sweep cell keeps (dotted paths into the cluster summary; ``vllm bench serve``'s
+names and units)."""
+
+
+def cluster_cell(args: tuple) -> dict[str, Any]:
+    """One cell of a cluster sweep (``llmsched cluster compare|sweep``, any backend):
+    ``(scenario, policy, router, n_replicas, refresh_s, load, seed, overrides)`` -> a row with
+    the cell's settings, :data:`CELL_METRICS`, the request counts and the wall time."""
+    from llmsched_gym.core.metrics import metric_value
+
+    scenario, policy, router, n, refresh_s, load, seed, overrides = args
+    spec = resolve_scenario(scenario, overrides)
+    over = {**(overrides or {}), **load_overrides(spec, load)}
+    r = simulate_cluster(scenario, policy, router, n, seed, over, refresh_s=refresh_s)
+    s = r.summary
+    return {"router": router if isinstance(router, str) else r.cluster.router.name,
+            "n_replicas": s["cluster"]["n_replicas"], "load": load, "seed": seed,
+            **{m: metric_value(s, m) for m in CELL_METRICS},
+            "n_arrived": s["n_arrived"], "n_completed": s["n_completed"], "n_rejected": s["n_rejected"],
+            "wall_time_s": s["wall_time_s"]}

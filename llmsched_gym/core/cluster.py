@@ -405,7 +405,7 @@ class Cluster:
 
 _REPLICA_KEYS = ("n_arrived", "n_completed", "n_rejected", "n_unfinished", "iterations", "busy_frac",
                  "kv_peak_frac", "kv_mean_frac", "preemptions", "prefix_hit_rate", "ttft_s", "e2e_s",
-                 "throughput_tokens_per_s", "stop_reason")
+                 "throughput_tokens_per_s", "stop_reason", "serving")
 
 
 def _replica_seed(seed: int, r: int) -> int:
