@@ -347,17 +347,16 @@ def add_subcommands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
         sp.add_argument("--quiet", action="store_true", help="print nothing (with --json/--out)")
         if many:
             sp.add_argument("--router", action="append", metavar="NAME[:k=v,...]",
-                            help="a router (repeatable; `llmsched cluster run --help` lists them)")
+                            help="a router (repeatable; docs/cluster.md lists them)")
             sp.add_argument("--seeds", default="0-2", help="workload seeds, e.g. 0-4 or 1,3,5 (default 0-2)")
             add_parallel_arguments(sp)
-
-    from baselines.routers import ROUTERS
 
     sp = csub.add_parser("run", help="one cluster: the vllm bench serve metrics, per replica too",
                          formatter_class=formatter)
     common(sp, False)
     sp.add_argument("--router", default=None, metavar="NAME[:k=v,...]",
-                    help="router (default: the scenario's, else round-robin): " + ", ".join(ROUTERS))
+                    help="router (default: the scenario's, else round-robin); docs/cluster.md lists them, and so "
+                         "does the error an unknown name gets")
     sp.add_argument("--replicas", type=int, default=None, help="replicas (default: the scenario's, else 1)")
     sp.add_argument("--seed", type=int, default=0, help="seeds the workload, the engines and the router")
     sp.add_argument("--json", default=None, metavar="PATH", help="write the summary JSON here")
