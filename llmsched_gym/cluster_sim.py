@@ -36,6 +36,7 @@ from llmsched_gym.core.cluster import DEFAULT_REFRESH_S, Cluster, Replica, Route
 from llmsched_gym.core.engine import EngineConfig
 from llmsched_gym.core.information import information_of
 from llmsched_gym.core.latency import make_latency
+from llmsched_gym.core.metrics import add_slo
 from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
 from llmsched_gym.sim import make_policy
@@ -177,7 +178,9 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
     cluster.run()
     wall = time.perf_counter() - t0
     summary = cluster.summary(spec.get("name", "custom"), cluster.engines[0].scheduler.name, wall)
-    return ClusterResult(summary, cluster.request_table(), cluster.iteration_log(), cluster)
+    requests = cluster.request_table()
+    add_slo(summary, requests, spec.get("slo"))  # the scenario's slo section, when it has one
+    return ClusterResult(summary, requests, cluster.iteration_log(), cluster)
 
 
 def load_overrides(spec: dict[str, Any], load: float) -> dict[str, Any]:

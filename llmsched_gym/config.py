@@ -213,6 +213,7 @@ SCENARIO: dict[str, Setting] = {
     "latency": Setting(("str", "dict")),
     "policy": Setting(("str", "dict")),
     "cluster": Setting("dict"),
+    "slo": Setting("dict"),
 }
 
 MAX_REPLICAS = 4096
@@ -232,6 +233,21 @@ REPLICA: dict[str, Setting] = {
     "latency": Setting(("str", "dict")),
     "engine": Setting("dict"),
 }
+
+#: The ``slo`` section: latency targets of every request, in seconds (DistServe's TTFT and TPOT
+#: SLOs, Zhong et al., OSDI 2024, section 2); the run's summary then carries the attainment.
+SLO: dict[str, Setting] = {
+    "ttft_s": Setting("float", gt=0),
+    "tpot_s": Setting("float", gt=0),
+}
+
+
+def check_slo(section: Any, path: str = "slo") -> dict[str, float]:
+    """The ``slo`` section checked: ``ttft_s`` and/or ``tpot_s``, each a number of seconds > 0."""
+    out = check_section(path, section, SLO)
+    if not out:
+        raise ConfigError(f"{path}: expected ttft_s and/or tpot_s (seconds), got an empty section")
+    return {k: float(v) for k, v in out.items()}
 
 
 def check_engine(section: Any, path: str = "engine") -> dict[str, Any]:
@@ -263,6 +279,8 @@ def check_scenario(spec: Any) -> dict[str, Any]:
         # every field, and the capacity against the block size when both are set (against the
         # defaults: EngineConfig.checked, when the engine is built)
         out["engine"] = check_engine(out["engine"])
+    if "slo" in out:
+        out["slo"] = check_slo(out["slo"])
     policy = out.get("policy")
     if isinstance(policy, Mapping):
         name = policy.get("name")
@@ -551,7 +569,7 @@ def split_policy_sets(sets: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str
     return rest, policy
 
 
-SECTIONS = ("workload", "engine", "latency", "policy", "cluster", "description", "paper")
+SECTIONS = ("workload", "engine", "latency", "policy", "cluster", "description", "paper", "slo")
 
 
 def apply_overrides(spec: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:

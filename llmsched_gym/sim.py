@@ -11,7 +11,7 @@ import numpy as np
 from llmsched_gym.config import explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.engine import Engine, EngineConfig
 from llmsched_gym.core.information import information_of
-from llmsched_gym.core.metrics import summarize
+from llmsched_gym.core.metrics import add_slo, summarize
 from llmsched_gym.core.records import request_table
 from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
 from llmsched_gym.core.scheduler import Scheduler
@@ -124,7 +124,9 @@ def simulate(
     engine.run()
     wall = time.perf_counter() - t0
     summary = summarize(engine, spec.get("name", "custom"), engine.scheduler.name, wall)
-    return SimResult(summary, request_table(engine), engine.iteration_log(), engine, setup, spec)
+    requests = request_table(engine)
+    add_slo(summary, requests, spec.get("slo"))  # the scenario's slo section, when it has one
+    return SimResult(summary, requests, engine.iteration_log(), engine, setup, spec)
 
 
 def what_runs(scenario: str | dict, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

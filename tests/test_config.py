@@ -60,7 +60,8 @@ MALFORMED = [
     ({"engine.block_size.x": 1}, f"engine.block_size.x: unknown engine field; allowed: {ENGINE_FIELDS}"),
     ({"engine.colour": "red"}, f"engine.colour: unknown engine field; allowed: {ENGINE_FIELDS}"),
     ({"engin.block_size": 16},
-     "engin.block_size: unknown section 'engin'; allowed: workload, engine, latency, policy, cluster, description, paper"),
+     "engin.block_size: unknown section 'engin'; allowed: workload, engine, latency, policy, cluster, description, paper, "
+     "slo"),
     ({"workload.n_requests.x": 1}, "workload.n_requests.x: workload.n_requests is 10000, not a section; "
      "set workload.n_requests=VALUE instead"),
     ({"latency": "affine", "latency.x": 1}, "latency.x: latency is 'affine', not a section; set latency=VALUE instead"),

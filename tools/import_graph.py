@@ -23,7 +23,7 @@ Prints, for the checkout given (default: this one)::
 The layers, top to bottom (an import goes down or stays in its layer; nothing imports ``cli/``)::
 
     6 cli        llmsched_gym/cli/ (the ``llmsched`` entry point, its help formatter, the subcommands)
-    5 apps       demo, benchmark, bench, fidelity, hindsight, reproduce/, and the package facade
+    5 apps       demo, benchmark, bench, fidelity, hindsight, goodput, placement, reproduce/, and the package facade
                  llmsched_gym/__init__.py (registers the envs and the GPU latency model)
     4 env, agents   env/, agents/
     3 sim        sim, cluster_sim, parallel
@@ -56,7 +56,7 @@ LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (6, "cli", ("llmsched_gym/cli/", "llmsched_gym/cli.py")),
     (5, "apps", ("llmsched_gym/demo.py", "llmsched_gym/benchmark.py", "llmsched_gym/bench.py",
                  "llmsched_gym/fidelity.py", "llmsched_gym/hindsight.py", "llmsched_gym/reproduce/",
-                 "llmsched_gym/__init__.py")),
+                 "llmsched_gym/goodput.py", "llmsched_gym/placement.py", "llmsched_gym/__init__.py")),
     (4, "env, agents", ("llmsched_gym/env/", "agents/")),
     (3, "sim", ("llmsched_gym/sim.py", "llmsched_gym/cluster_sim.py", "llmsched_gym/parallel.py")),
     (2, "baselines", ("baselines/",)),

@@ -56,13 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``llmsched`` parser: each subcommand module of this package adds its subcommands
     (``add_subcommands(sub, formatter)``), in the order ``llmsched --help`` lists them."""
     # imported here so that ``python -m llmsched_gym.cli.gpu`` runs a module not yet imported
-    from llmsched_gym.cli import agents, apps, cluster, data, gpu, reproduce, run
+    from llmsched_gym.cli import agents, apps, cluster, data, goodput, gpu, reproduce, run
 
     p = _Parser(prog="llmsched", description="LLM inference scheduling gym and simulator",
                 formatter_class=HelpFormatter)
     p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (run, cluster, apps, data, agents, gpu, reproduce):
+    for module in (run, cluster, apps, goodput, data, agents, gpu, reproduce):
         module.add_subcommands(sub, HelpFormatter)
     return p
 

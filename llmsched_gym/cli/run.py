@@ -44,6 +44,10 @@ def print_summary(summary: dict[str, Any]) -> None:
     ]
     if "slo_attainment" in summary:
         rows.append(("SLO attainment", summary["slo_attainment"]))
+    if "slo" in summary:  # the scenario's slo section (DistServe's TTFT and TPOT targets)
+        s = summary["slo"]
+        rows.append((f"SLO TTFT <= {s['ttft_s']:g} s / TPOT <= {s['tpot_s']:g} s / both (fraction)",
+                     f"{_fmt(s['ttft_attainment'])} / {_fmt(s['tpot_attainment'])} / {_fmt(s['attainment'])}"))
     if "fairness" in summary:
         rows.append(("max service diff / Jain",
                      f"{_fmt(summary['fairness']['max_service_diff'])} / {_fmt(summary['fairness']['jain'])}"))

@@ -11,6 +11,9 @@ Conventions:
   the paper's ``w_p = 1, w_q = 2``.
 * SLO attainment (Wang et al. 2025): the fraction of completed requests with SLOs whose TTFT and mean
   TPOT are within them; ``goodput`` counts those per second.
+* SLO targets (DistServe, Zhong et al., OSDI 2024, section 2; a scenario's ``slo`` section or
+  ``llmsched goodput --slo``): :func:`slo_attainment` over every arrived request, the fraction
+  meeting the TTFT target, the TPOT target and both; ``summary["slo"]`` when a target is given.
 * ``summary["serving"]`` repeats the latency and throughput figures under the names and units
   ``vllm bench serve`` uses (:func:`serving_metrics`), so that they read like a real benchmark.
 """
@@ -18,6 +21,7 @@ Conventions:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -264,6 +268,53 @@ def _slo(engine: Engine, span: float) -> dict[str, Any]:
             }
     return {"slo_attainment": float(n_ok / n_slo) if n_slo else math.nan,
             "goodput_requests_per_s": float(n_ok / span), "by_class": by_class}
+
+
+_ROUNDING = 1e-9
+
+
+def slo_attainment(requests: Mapping[str, np.ndarray], ttft_s: float = math.inf,
+                   tpot_s: float = math.inf) -> dict[str, float]:
+    """SLO attainment against one TTFT and one TPOT target (DistServe, Zhong et al., OSDI 2024,
+    section 2: the fraction of requests meeting each target and both), from a per-request table
+    (:func:`llmsched_gym.core.records.request_table`: columns ``state``, ``ttft_s``, ``tpot_s``).
+
+    Every row counts (every arrived request): a request meets the TTFT target when its first token
+    came within ``ttft_s`` of its arrival (a request with no first token misses it), and the TPOT
+    target when it completed with a mean time per output token after the first within ``tpot_s``
+    (a completed request with one output token has no TPOT and meets it; an unfinished or rejected
+    one misses it). ``attainment`` is the fraction meeting both; ``inf`` disables a target. A
+    latency equal to its target up to float rounding (a relative 1e-9: ``(a + 1) - a`` need not be 1)
+    meets it.
+
+    >>> slo_attainment({"state": np.array([3, 3, 3, 2]), "ttft_s": np.array([0.1, 0.5, 0.2, 0.2]),
+    ...                 "tpot_s": np.array([0.02, 0.01, 0.09, np.nan])}, ttft_s=0.25, tpot_s=0.05)
+    {'ttft_s': 0.25, 'tpot_s': 0.05, 'n': 4, 'ttft_attainment': 0.75, 'tpot_attainment': 0.5, 'attainment': 0.25}
+    """
+    ttft, tpot = float(ttft_s), float(tpot_s)
+    for name, v in (("ttft_s", ttft), ("tpot_s", tpot)):
+        if not v > 0:  # nan fails too
+            raise ValueError(f"slo.{name}: expected a number of seconds > 0, got {v!r}")
+    state = np.asarray(requests["state"])
+    done = state == 3
+    with np.errstate(invalid="ignore"):
+        ttft_ok = np.asarray(requests["ttft_s"], dtype=np.float64) <= ttft * (1 + _ROUNDING)
+        tp = np.asarray(requests["tpot_s"], dtype=np.float64)
+        tpot_ok = done & (np.isnan(tp) | (tp <= tpot * (1 + _ROUNDING)))
+    n = len(state)
+    frac = (lambda m: float(np.count_nonzero(m) / n)) if n else (lambda m: math.nan)
+    return {"ttft_s": ttft, "tpot_s": tpot, "n": int(n), "ttft_attainment": frac(ttft_ok),
+            "tpot_attainment": frac(tpot_ok), "attainment": frac(ttft_ok & tpot_ok)}
+
+
+def add_slo(summary: dict[str, Any], requests: Mapping[str, np.ndarray],
+            slo: Mapping[str, float] | None) -> dict[str, Any]:
+    """Put :func:`slo_attainment` of ``requests`` under ``summary["slo"]`` when ``slo`` (a checked
+    ``slo`` section: ``ttft_s`` and/or ``tpot_s``) is given; without it the summary is unchanged.
+    Returns ``summary``."""
+    if slo:
+        summary["slo"] = slo_attainment(requests, slo.get("ttft_s", math.inf), slo.get("tpot_s", math.inf))
+    return summary
 
 
 def _fairness(engine: Engine) -> dict[str, Any]:
