@@ -88,8 +88,10 @@ class Serving:
         workload; the workload's arrival rate is what the search changes).
     :param overrides: dotted scenario overrides (``{"workload.n_requests": 500}``).
     :param policy: the replica scheduler (default: the scenario's); ``sarathi`` is chunked prefill.
-    :param n_replicas: replicas of a colocated cluster (1: the plain engine).
-    :param router: the cluster's router (:data:`baselines.routers.ROUTERS`).
+    :param n_replicas: replicas of a colocated cluster (1: the plain engine; None: the scenario's
+        ``cluster`` section's, else 1).
+    :param router: the cluster's router (:data:`baselines.routers.ROUTERS`; None: the scenario's,
+        else round-robin).
     :param pools: a prefill and a decode pool (``{"prefill": {"n": P, ...}, "decode": {"n": D,
         ...}}``), passed to :func:`llmsched_gym.cluster_sim.simulate_cluster` with ``transfer``
         and ``decider``; ``n_replicas`` is then ignored.
@@ -99,8 +101,8 @@ class Serving:
     scenario: str | dict[str, Any]
     overrides: dict[str, Any] = field(default_factory=dict)
     policy: str | dict[str, Any] | None = None
-    n_replicas: int = 1
-    router: str = "round-robin"
+    n_replicas: int | None = None
+    router: str | None = None
     pools: dict[str, dict[str, Any]] | None = None
     transfer: dict[str, Any] | None = None
     decider: Any = None
@@ -117,8 +119,16 @@ class Serving:
         spec = self.spec()
         base = spec.get("latency", "unit")
         if self.pools:
-            return sum(int(p["n"]) * _latency_gpus(p.get("latency", base)) for p in self.pools.values())
-        return self.n_replicas * _latency_gpus(base)
+            return sum(int(p.get("n", 1)) * _latency_gpus(p.get("latency", base)) for p in self.pools.values())
+        c = self.cluster()
+        return sum(_latency_gpus(c["replicas"].get(r, {}).get("latency", base)) for r in range(c["n_replicas"]))
+
+    def cluster(self) -> dict[str, Any]:
+        """The colocated cluster this setup runs (:func:`llmsched_gym.cluster_sim.cluster_settings`:
+        the fields given here, else the scenario's ``cluster`` section, else one replica)."""
+        from llmsched_gym.cluster_sim import cluster_settings
+
+        return cluster_settings(self.spec(), self.router, self.n_replicas)
 
     def name(self) -> str:
         """:attr:`label`, or a description made from the fields."""
@@ -128,10 +138,11 @@ class Serving:
         pol = pol or self.spec().get("policy", "fcfs")
         pol = pol if isinstance(pol, str) else pol.get("name", "?")
         if self.pools:
-            return "disaggregated " + ", ".join(f"{k} {v['n']}" for k, v in self.pools.items()) + f" ({pol})"
-        if self.n_replicas == 1:
+            return "disaggregated " + ", ".join(f"{k} {v.get('n', 1)}" for k, v in self.pools.items()) + f" ({pol})"
+        c = self.cluster()
+        if c["n_replicas"] == 1:
             return f"one replica ({pol})"
-        return f"colocated {self.n_replicas} replicas, {self.router} ({pol})"
+        return f"colocated {c['n_replicas']} replicas, {c['router']} ({pol})"
 
     def run(self, workload: Workload, seed: int) -> dict[str, np.ndarray]:
         """Serve ``workload`` and return the per-request table."""
@@ -193,6 +204,7 @@ def base_workloads(serving: Serving, seeds: Sequence[int], n_requests: int | Non
     if n_requests is not None:
         over["workload.n_requests"] = int(n_requests)
     spec = resolve_scenario(serving.scenario, over)
+    spec = {k: v for k, v in spec.items() if k != "cluster"}  # the requests only: the cluster runs them
     out = []
     for seed in seeds:
         wl, _, _ = build_scenario(spec, int(seed), checked=True)

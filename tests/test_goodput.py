@@ -250,3 +250,13 @@ def test_cli_goodput_errors_are_one_line(argv, message, capsys):
     rc = main(["goodput", "--scenario", "azure-conv", *argv])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_cluster_scenario_runs_its_section_unless_told_otherwise():
+    serving = Serving("prefix-groups-8")
+    c = serving.cluster()
+    assert c["n_replicas"] == 8 and serving.gpus() == 16  # Qwen3-32B on two H100s per replica (TP 2)
+    assert serving.name().startswith("colocated 8 replicas")
+    assert Serving("prefix-groups-8", n_replicas=2).gpus() == 4
+    wl = base_workloads(serving, (0,), 50)[0]  # the requests, without the one-engine refusal
+    assert len(wl) == 50 and wl.arrival_s[0] == 0.0

@@ -133,8 +133,9 @@ def add_subcommands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
     sp.add_argument("--attainment", type=float, default=0.9,
                     help="fraction of requests that must meet both targets (DistServe: 0.9)")
     sp.add_argument("--policy", default=None, help="replica scheduler (default: the scenario's; sarathi: chunked prefill)")
-    sp.add_argument("--replicas", type=int, default=1, help="colocated replicas (1: one engine)")
-    sp.add_argument("--router", default="round-robin", help="the cluster's router (llmsched list)")
+    sp.add_argument("--replicas", type=int, default=None,
+                    help="colocated replicas (default: the scenario's cluster section, else 1: one engine)")
+    sp.add_argument("--router", default=None, help="the cluster's router (default: the scenario's, else round-robin)")
     sp.add_argument("--pools", default=None, help="disaggregated: prefill=P,decode=D replicas")
     sp.add_argument("--bandwidth-gb-s", type=float, default=None, help="KV transfer link bandwidth (GB/s) of --pools")
     sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="scenario overrides (repeatable)")
