@@ -20,6 +20,15 @@ A scenario may declare its cluster (``llmsched_gym/scenarios/mooncake-conv-8.yml
         7: {latency: "roofline:llama-3.1-8b/a100", engine: {kv_capacity_tokens: 200000}}
 
 the arguments of :func:`simulate_cluster` override it.
+
+Disaggregated serving (:mod:`llmsched_gym.core.disagg`): ``pools`` splits the replicas into a
+prefill pool and a decode pool (and optionally a mixed pool), each with its own size, batch-time
+model, engine settings, policy and router; ``transfer`` sets the link the KV crosses and
+``decider`` which requests are disaggregated:
+
+>>> r = simulate_cluster("azure-conv", pools={"prefill": {"n": 2}, "decode": {"n": 2, "policy": "vllm-v1"}},
+...                      transfer={"bandwidth_gb_s": 50.0}, decider={"kind": "prompt_len", "min": 128})
+>>> r.summary["pools"]["transfer"]["count"], r.requests["decode_replica"]
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 
 from llmsched_gym.config import ConfigError, check_cluster, explicit_engine_keys, merge_engine_overrides
 from llmsched_gym.core.cluster import DEFAULT_REFRESH_S, Cluster, Replica, Router
+from llmsched_gym.core.disagg import ROLES, DisaggCluster, PairRouter, transfer_model_of
 from llmsched_gym.core.engine import EngineConfig
 from llmsched_gym.core.information import information_of
 from llmsched_gym.core.latency import make_latency
@@ -45,12 +55,14 @@ from llmsched_gym.sim import make_policy
 @dataclass
 class ClusterResult:
     """What a cluster run produced: the summary (with its ``cluster`` part), the per-request
-    table (with each request's ``replica``), the iteration log (with ``replica``) and the cluster."""
+    table (with each request's ``replica``; with pools its ``prefill_replica``,
+    ``decode_replica``, transfer times and waits), the iteration log (with ``replica``) and the
+    cluster (a :class:`DisaggCluster` with pools)."""
 
     summary: dict[str, Any]
     requests: dict[str, np.ndarray]
     iterations: dict[str, np.ndarray]
-    cluster: Cluster = field(repr=False)
+    cluster: Cluster | DisaggCluster = field(repr=False)
 
 
 def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | None = None,
@@ -58,11 +70,19 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
                  overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
                  refresh_s: float | None = None,
                  replica_overrides: dict[int, dict[str, Any]] | None = None,
-                 workload: Workload | None = None) -> tuple[Cluster, dict[str, Any]]:
-    """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`) and the checked scenario."""
+                 workload: Workload | None = None, pools: dict[str, dict[str, Any]] | None = None,
+                 transfer: dict[str, Any] | None = None,
+                 decider: str | dict[str, Any] = "always") -> tuple[Cluster | DisaggCluster, dict[str, Any]]:
+    """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`) and the checked scenario; a
+    :class:`DisaggCluster` with ``pools``."""
     spec = resolve_scenario(scenario, overrides)
-    c = cluster_settings(spec, router, n_replicas, router_params, refresh_s, replica_overrides)
-    n_replicas = c["n_replicas"]
+    if pools is None and (transfer is not None or decider != "always"):
+        raise ConfigError("cluster.transfer: transfer and decider apply to pools; give pools= as well")
+    if pools is None:
+        c = cluster_settings(spec, router, n_replicas, router_params, refresh_s, replica_overrides)
+        n_replicas = c["n_replicas"]
+    elif n_replicas is not None and (isinstance(n_replicas, bool) or not isinstance(n_replicas, int)):
+        raise ConfigError(f"cluster.n_replicas: expected an integer in 1..4096, got {n_replicas!r}")
     pol = spec.get("policy", "fcfs") if policy is None else policy
     engine_spec = {k: v for k, v in spec.items() if k != "cluster"}
     if workload is None:
@@ -73,6 +93,9 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
         latency = make_latency(spec.get("latency", "unit"))
     from baselines import check_applicable
 
+    if pools is not None:
+        return _disagg(workload, config, latency, pol, router, n_replicas or 1, seed, overrides, router_params,
+                       replica_overrides, pools, transfer, decider), spec
     rt = c["router"] if isinstance(c["router"], Router) else build_router(c["router"], c["router_params"])
     extra = c["replicas"]
     replicas = []
@@ -145,12 +168,78 @@ def cluster_settings(spec: dict[str, Any], router: str | Router | None = None, n
             "refresh_s": c.get("refresh_s", DEFAULT_REFRESH_S), "replicas": c.get("replicas", {})}
 
 
+_POOL_KEYS = ("n", "latency", "engine", "policy", "router", "model", "tp")
+
+
+def _disagg(workload, config, latency, pol, router, n_replicas, seed, overrides, router_params,
+            replica_overrides, pools, transfer, decider) -> DisaggCluster:
+    """The disaggregated cluster of ``pools`` (see :func:`simulate_cluster`)."""
+    from baselines import check_applicable
+    from baselines.route_pair import make_pair_router
+    from llmsched_gym.core.models import get_model
+
+    if replica_overrides:
+        raise ConfigError("cluster.replica_overrides: with pools, set latency, engine and policy per pool")
+    if not isinstance(pools, dict) or not pools:
+        raise ConfigError(f"pools: expected a mapping of prefill, decode (and mixed) pools, got {pools!r}")
+    for role, p in pools.items():
+        if role not in ROLES:
+            raise ConfigError(f"pools.{role}: unknown pool (allowed: {', '.join(ROLES)})")
+        if not isinstance(p, dict):
+            raise ConfigError(f"pools.{role}: expected a mapping of pool settings, got {p!r}")
+        unknown = sorted(set(p) - set(_POOL_KEYS))
+        if unknown:
+            raise ConfigError(f"pools.{role}.{unknown[0]}: unknown setting (allowed: {', '.join(_POOL_KEYS)})")
+        n = p.get("n", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 4096:
+            raise ConfigError(f"pools.{role}.n: expected an integer in 0..4096, got {n!r}")
+        for key in ("model", "tp"):
+            if key in p and not isinstance(p[key], str if key == "model" else int):
+                raise ConfigError(f"pools.{role}.{key}: expected {'a model name' if key == 'model' else 'an integer'}, "
+                                  f"got {p[key]!r}")
+    roles = [role for role in ROLES for _ in range(pools.get(role, {}).get("n", 1) if role in pools else 0)]
+    if n_replicas not in (1, len(roles)):
+        raise ConfigError(f"cluster.n_replicas: {n_replicas} differs from the pools' {len(roles)} replicas; "
+                          "give the sizes through pools.*.n")
+    if not any(x in ("decode", "mixed") for x in roles):
+        raise ConfigError("pools.decode.n: expected at least one decode (or mixed) replica")
+    dec = decider if isinstance(decider, str) else dict(decider)
+    if dec != "never" and not any(x in ("prefill", "mixed") for x in roles):
+        raise ConfigError("pools.prefill.n: expected at least one prefill (or mixed) replica unless decider is 'never'")
+    replicas, models = [], []
+    for role in roles:
+        p = pools[role]
+        sched = make_policy(p.get("policy", pol))
+        check_applicable(sched, information_of(workload))
+        cfg = EngineConfig(**{**asdict(config), **p.get("engine", {})})
+        if sched.engine_overrides:
+            cfg = EngineConfig(**merge_engine_overrides(asdict(cfg), sched.engine_overrides,
+                                                        explicit_engine_keys(overrides)))
+        lat = make_latency(p["latency"]) if "latency" in p else copy.deepcopy(latency)
+        rep = Replica(cfg, lat, sched)
+        replicas.append(rep)
+        model, tp = transfer_model_of(rep)
+        models.append((get_model(p["model"]) if "model" in p else model, p.get("tp", tp)))
+    if isinstance(router, PairRouter):
+        rt = router
+    else:
+        names = dict(router) if isinstance(router, dict) else {"prefill": router, "decode": router}
+        for role, key in (("prefill", "prefill"), ("decode", "decode")):
+            if "router" in pools.get(role, {}):
+                names[key] = pools[role]["router"]
+        names = {k: "round-robin" if v is None else v for k, v in names.items()}
+        rt = make_pair_router(names, dec, router_params)
+    return DisaggCluster(workload, replicas, roles, rt, transfer, seed, models)
+
+
 def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | None = None,
                      router: str | Router | None = None, n_replicas: int | None = None, seed: int = 0,
                      overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
                      refresh_s: float | None = None,
                      replica_overrides: dict[int, dict[str, Any]] | None = None,
-                     workload: Workload | None = None) -> ClusterResult:
+                     workload: Workload | None = None, pools: dict[str, dict[str, Any]] | None = None,
+                     transfer: dict[str, Any] | None = None,
+                     decider: str | dict[str, Any] = "always") -> ClusterResult:
     """Run ``scenario`` on ``n_replicas`` replicas of ``policy`` behind ``router``.
 
     Every cluster setting left ``None`` comes from the scenario's ``cluster:`` section (see
@@ -171,10 +260,25 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
         replace the scenario's for that replica (over the scenario's ``cluster.replicas``).
     :param workload: requests to run instead of the scenario's (e.g. from
         :func:`llmsched_gym.core.sessions.prefix_groups`), on the scenario's engine settings.
+    :param pools: disaggregated serving (:mod:`llmsched_gym.core.disagg`): ``{"prefill": {...},
+        "decode": {...}, "mixed": {...}}``, each pool with ``n`` (replicas, default 1) and any of
+        ``latency``, ``engine`` (field overrides), ``policy``, ``router`` (that pool's router,
+        else ``router``), ``model`` and ``tp`` (what its KV transfers are sized with; default the
+        latency model's). ``n_replicas`` is then the pools' total (or left at 1); routing uses
+        exact load signals (``refresh_s`` is not used).
+    :param transfer: the KV link, :class:`~llmsched_gym.core.transfer.TransferConfig`'s fields
+        ``bandwidth_gb_s``, ``base_s``, ``shared_link`` (or ``link``: a name of
+        :data:`~llmsched_gym.core.transfer.LINKS`).
+    :param decider: which requests are disaggregated (:class:`~llmsched_gym.core.disagg.Decider`):
+        ``"always"``, ``"never"``, ``{"kind": "prompt_len", "min": M}``, ``{"kind": "prefix_hit",
+        "min_uncached": M}``.
+
+    With pools, ``router`` is a router name for both pools, ``{"prefill": name, "decode": name}``,
+    or a :class:`~llmsched_gym.core.disagg.PairRouter`.
     """
     t0 = time.perf_counter()
     cluster, spec = make_cluster(scenario, policy, router, n_replicas, seed, overrides, router_params, refresh_s,
-                                 replica_overrides, workload)
+                                 replica_overrides, workload, pools, transfer, decider)
     cluster.run()
     wall = time.perf_counter() - t0
     summary = cluster.summary(spec.get("name", "custom"), cluster.engines[0].scheduler.name, wall)

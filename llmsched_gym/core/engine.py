@@ -430,6 +430,31 @@ class Engine:
         if self.config.stall_iterations <= 0:
             self.stall_iterations = max(20_000, 4 * sum(self._max_len))
 
+    def receive(self, workload: Workload, generated: int = 1) -> int:
+        """Disaggregated serving's hand-off (:mod:`llmsched_gym.core.disagg`): the last row of
+        ``workload`` (appended as :meth:`extend` takes rows; its arrival is now) arrives with its
+        prompt's KV computed on another replica and ``generated`` output tokens produced there.
+        It joins the running set decoding, holding ``prompt + generated`` tokens of KV whose
+        blocks the caller reserved in ``kv.used_blocks`` (when the transfer started). Call it at
+        an iteration boundary or while paused; an idle engine's clock moves to the arrival. The
+        scheduler's ``on_arrival`` is not called (the request never waits). Returns its id."""
+        self.clock = max(self.clock, float(workload.arrival_s[-1]))
+        self._arrivals()
+        self.extend(workload)
+        rid = self.n - 1
+        self.next_idx = rid + 1
+        prompt = int(self._prompt[rid])
+        self.state[rid] = RUNNING
+        self.running.append(rid)
+        self._stamp[rid] = self._n_admitted
+        self._n_admitted += 1
+        self.prefilled[rid] = prompt
+        self.generated[rid] = generated
+        self.kv_tokens[rid] = prompt + generated
+        self.first_scheduled_s[rid] = self.clock
+        self._ds = None
+        return rid
+
     def _grow(self, name: str, n: int) -> np.ndarray:
         """Attribute ``name`` (a per-request array) lengthened to ``n`` rows, a view of a buffer
         that doubles when full; the new rows are for the caller to fill."""

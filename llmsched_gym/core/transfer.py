@@ -43,7 +43,6 @@ Defaults: 25 GB/s (200 Gb/s HDR InfiniBand, one NIC per GPU as in a DGX A100; BL
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -147,18 +146,26 @@ class TransferConfig:
             raise
 
 
-def kv_bytes(tokens: int, model: str | ModelSpec) -> int:
+Model = str | ModelSpec | int
+"""A model name, a :class:`ModelSpec`, or (architecture unknown) its KV bytes per token."""
+
+
+def kv_bytes(tokens: int, model: Model) -> int:
     """Bytes of KV of ``tokens`` tokens of ``model`` (all layers and KV heads, K and V)."""
-    return int(tokens) * get_model(model).kv_bytes_per_token
+    per_token = model if isinstance(model, int) and not isinstance(model, bool) else get_model(model).kv_bytes_per_token
+    return int(tokens) * per_token
 
 
-def parallel_links(model: str | ModelSpec, tp_src: int = 1, tp_dst: int = 1) -> int:
+def parallel_links(model: Model, tp_src: int = 1, tp_dst: int = 1) -> int:
     """Links carrying distinct KV at once between a TP-``tp_src`` and a TP-``tp_dst`` replica:
-    ``min(tp_src, tp_dst, kv_heads)``."""
-    return min(_tp(tp_src, "transfer.tp_src"), _tp(tp_dst, "transfer.tp_dst"), get_model(model).kv_heads)
+    ``min(tp_src, tp_dst, kv_heads)`` (no head cap when only the bytes per token are known)."""
+    links = min(_tp(tp_src, "transfer.tp_src"), _tp(tp_dst, "transfer.tp_dst"))
+    if isinstance(model, int) and not isinstance(model, bool):
+        return links
+    return min(links, get_model(model).kv_heads)
 
 
-def transfer_time(tokens: int, model: str | ModelSpec, tp_src: int = 1, tp_dst: int = 1,
+def transfer_time(tokens: int, model: Model, tp_src: int = 1, tp_dst: int = 1,
                   bandwidth_gb_s: float = DEFAULT_BANDWIDTH_GB_S, base_s: float = DEFAULT_BASE_S,
                   concurrent: int = 1) -> float:
     """Seconds to move ``tokens`` tokens of KV (``base_s + per-link bytes / (bandwidth / concurrent)``).
@@ -179,7 +186,8 @@ class TransferModel:
     """A link with its transfers in flight (the state the sharing rule needs).
 
     :meth:`start` books a transfer and returns when it ends; :meth:`duration` prices one without
-    booking it. Counters: ``n_transfers``, ``total_bytes`` (all links), ``total_time_s`` (sum of
+    booking it. Starts need not come in time order; a caller that knows no later start is
+    earlier than ``t`` calls :meth:`forget` to keep the record short. Counters: ``n_transfers``, ``total_bytes`` (all links), ``total_time_s`` (sum of
     durations), ``peak_concurrent``.
     """
 
@@ -188,20 +196,21 @@ class TransferModel:
         self.reset()
 
     def reset(self) -> None:
-        self._ends: list[float] = []
+        self._active: list[tuple[float, float]] = []  # (start, end) of transfers that may be in flight
         self.n_transfers = 0
         self.total_bytes = 0
         self.total_time_s = 0.0
         self.peak_concurrent = 0
 
     def in_flight(self, now: float) -> int:
-        """Transfers in flight at ``now`` (started and ending after ``now``)."""
-        ends = self._ends
-        while ends and ends[0] <= now:
-            heapq.heappop(ends)
-        return len(ends)
+        """Transfers in flight at ``now``: started at or before ``now`` and ending after it."""
+        return sum(1 for s, e in self._active if s <= now < e)
 
-    def duration(self, tokens: int, model: str | ModelSpec, tp_src: int = 1, tp_dst: int = 1,
+    def forget(self, before: float) -> None:
+        """Drop the record of transfers that ended by ``before`` (no later :meth:`start` is earlier)."""
+        self._active = [x for x in self._active if x[1] > before]
+
+    def duration(self, tokens: int, model: Model, tp_src: int = 1, tp_dst: int = 1,
                  concurrent: int = 1) -> float:
         """Seconds for ``tokens`` tokens of KV with ``concurrent`` transfers on the link (this one
         included; ignored unless the link is shared)."""
@@ -209,12 +218,12 @@ class TransferModel:
         return transfer_time(tokens, model, tp_src, tp_dst, c.bandwidth_gb_s, c.base_s,
                              concurrent if c.shared_link else 1)
 
-    def start(self, now: float, tokens: int, model: str | ModelSpec, tp_src: int = 1, tp_dst: int = 1) -> float:
+    def start(self, now: float, tokens: int, model: Model, tp_src: int = 1, tp_dst: int = 1) -> float:
         """Book a transfer starting at ``now``; returns its end time."""
         k = self.in_flight(now) + 1
         d = self.duration(tokens, model, tp_src, tp_dst, k)
         end = now + d
-        heapq.heappush(self._ends, end)
+        self._active.append((now, end))
         self.n_transfers += 1
         self.total_bytes += kv_bytes(tokens, model)
         self.total_time_s += d

@@ -1,0 +1,75 @@
+"""Routers of a disaggregated cluster (:mod:`llmsched_gym.core.disagg`): a pair router composes
+two routers of :data:`baselines.routers.ROUTERS`, one for the decode pool and one for the
+prefill pool, with a :class:`~llmsched_gym.core.disagg.Decider` between them.
+
+For each arrival it asks the decode router for the decode replica ``d`` (over the decode-capable
+replicas), then the decider whether to disaggregate; if so the prefill router picks the prefill
+replica ``p`` (over the prefill-capable replicas), else the request runs whole on ``d``. Picking
+``d`` first is llm-d's order (its router picks the decode pod, whose sidecar then picks a prefill
+pod when the P/D decider says so); DistServe and SplitwiseSim pick both at arrival too
+(SplitwiseSim's ``KVJSQScheduler``: the prompt instance and the token instance each by the
+shortest queue). Each router keeps its own state and its own random stream.
+
+    make_pair_router("round-robin")                       # both pools round-robin, always disaggregate
+    make_pair_router({"prefill": "token-jsq", "decode": "jsq"}, decider={"kind": "prompt_len", "min": 256})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from llmsched_gym.config import ConfigError
+from llmsched_gym.core.cluster import ClusterView, Router
+from llmsched_gym.core.disagg import Decider
+from llmsched_gym.core.disagg import PairRouter as PairRouterBase
+
+
+class PairRouter(PairRouterBase):
+    """A prefill router and a decode router with a decider (see the module docstring).
+
+    :param prefill: the prefill pool's router.
+    :param decode: the decode pool's router.
+    :param decider: a :class:`Decider` or its spec (``"always"``, ``{"kind": "prompt_len", "min": 512}``).
+    """
+
+    def __init__(self, prefill: Router, decode: Router, decider: Decider | str | Mapping[str, Any] = "always") -> None:
+        self.prefill, self.decode = prefill, decode
+        self.decider = decider if isinstance(decider, Decider) else Decider(decider)
+        self.name = prefill.name if prefill.name == decode.name else f"{prefill.name}+{decode.name}"
+
+    def reset(self, n_prefill: int, n_decode: int, rng: np.random.Generator) -> None:
+        a, b = rng.spawn(2)
+        if n_prefill:
+            self.prefill.reset(n_prefill, a)
+        self.decode.reset(n_decode, b)
+
+    def route(self, rid: int, prefill_view: ClusterView, decode_view: ClusterView) -> tuple[int | None, int]:
+        d = self.decode.route(rid, decode_view)
+        if not self.decider(rid, int(d), decode_view):
+            return None, d
+        return self.prefill.route(rid, prefill_view), d
+
+
+def make_pair_router(router: str | Router | Mapping[str, Any] = "round-robin", decider: Any = "always",
+                     router_params: Mapping[str, Any] | None = None) -> PairRouter:
+    """A :class:`PairRouter`: ``router`` names one router for both pools, or maps ``prefill`` and
+    ``decode`` to a router name each; ``router_params`` go to both (names from
+    :data:`baselines.routers.ROUTERS`)."""
+    from baselines.routers import make_router
+
+    if isinstance(router, Mapping):
+        unknown = sorted(set(router) - {"prefill", "decode"})
+        if unknown:
+            raise ConfigError(f"router.{unknown[0]}: unknown pool (allowed: prefill, decode)")
+        names = (router.get("prefill", "round-robin"), router.get("decode", "round-robin"))
+    else:
+        names = (router, router)
+    built = [r if isinstance(r, Router) else make_router(r, **dict(router_params or {})) for r in names]
+    if built[0] is built[1]:  # one Router object: each pool needs its own state
+        import copy
+
+        built[1] = copy.deepcopy(built[0])
+    return PairRouter(built[0], built[1], decider)
