@@ -34,7 +34,10 @@ together in time order, each replica iteration by iteration):
    held on both sides.
 5. **Decode** on ``d``: at the transfer's end the request joins ``d``'s running set
    (:meth:`Engine.receive`) with its prompt's KV and the first token, and decodes the rest under
-   ``d``'s scheduler (which may preempt it like any request).
+   ``d``'s scheduler (which may preempt it like any request). The scheduler's ``on_arrival``
+   hook is not called for it (it never waits; a preempted one comes back through
+   ``on_preempt``), so policies whose arrival hook only queues waiting requests (sjf, lpm,
+   mcsf, k-lpm) decode it as any running request.
 
 Results: :meth:`DisaggCluster.summary` has the engine's summary keys for the whole system (TTFT
 from the prefill, completion from the decode), ``cluster`` (per replica) and ``pools`` (per
@@ -219,10 +222,6 @@ class DisaggCluster:
             if not rep.scheduler.grows:
                 raise ConfigError(f"pools.{roles[r]}.policy: {rep.scheduler.name!r} keeps per-request arrays sized "
                                   "when it starts; pick another policy (fcfs, vllm-v1, sarathi, sjf, ...)")
-            if roles[r] != "prefill" and rep.scheduler.wants("on_arrival"):
-                raise ConfigError(f"pools.{roles[r]}.policy: {rep.scheduler.name!r} acts on each arrival, but "
-                                  "requests reach a decode replica already running; pick a policy without an "
-                                  "arrival hook (fcfs, vllm-v1, sarathi, sjf, ...)")
         self.workload, self.replicas, self.roles = workload, list(replicas), list(roles)
         self.router, self.seed = router, seed
         self.link = TransferModel(transfer)
