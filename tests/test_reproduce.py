@@ -35,7 +35,7 @@ def test_reproduce_klpm_writes_the_verdict_table(tmp_path):
 def test_reproduce_unknown_paper_is_a_one_line_error(capsys):
     assert main(["reproduce", "nope"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: reproduce: unknown paper 'nope'; allowed: jaillet, echo, vtc, wait, klpm"
+    assert err == "error: reproduce: unknown paper 'nope'; allowed: jaillet, echo, vtc, wait, klpm, distserve, splitwise"
 
 
 def _tiny_scenario_sets(arrival, prompt, output, M):
