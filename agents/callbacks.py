@@ -16,6 +16,11 @@ Custom scalars (``tensorboard --logdir runs``), written at the end of every roll
 ``eval/mean_e2el_ms``, ``eval/p99_ttft_ms``  the deterministic agent on the fixed evaluation workload
 ``eval/rel_mean_e2el_ms_vs_best``          agent / best baseline (< 1 = the agent is better)
 ``eval/rel_p99_ttft_ms_vs_best``           same for P99 TTFT
+``eval/task_metric``                       the task's own metric (the recipe's benchmark ``task``;
+                                           mean E2EL without one)
+``eval/rel_task_vs_best``                  agent / best baseline on that metric (best / agent for
+                                           a higher-is-better metric): < 1 = the agent is better;
+                                           ``best_model`` is the checkpoint that minimised it
 =========================================  ========================================================
 """
 
@@ -28,6 +33,8 @@ from typing import Any
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
+
+from llmsched_gym.core.metrics import metric_value
 
 SUMMARY_SCALARS: list[tuple[str, Callable[[dict], float]]] = [
     # names and units as `vllm bench serve` prints them (the summary's "serving" block)
@@ -89,24 +96,31 @@ class SummaryScalarsCallback(BaseCallback):
 
 class BaselineScoreCallback(BaseCallback):
     """Every ``every`` rollouts, play the agent deterministically on a fixed workload and record its
-    E2E mean and P99 TTFT relative to the best baseline on the same workload (computed once).
-    With ``save``, the model with the best relative E2E so far is saved as ``best_model`` (with its
-    normalisation statistics).
+    E2E mean, P99 TTFT and the task's own ``metric`` relative to the best baseline on the same
+    workload (computed once). With ``save``, the model with the best relative task metric so far is
+    saved as ``best_model`` (with its normalisation statistics): on a P99 TTFT or a fairness task
+    that is the task's figure, not the mean latency.
 
     :param evaluate: ``model -> summary`` on the fixed workload (uses the current normalisation).
     :param baselines: ``{name: summary}`` of the baselines on that workload.
     :param save: ``stem -> None``, saves the current model and statistics as the run's ``stem``.
+    :param metric: the task's metric, a dotted path into the summary (``fairness.tick_diff.max``).
+    :param lower_is_better: the metric's direction.
     """
 
     def __init__(self, evaluate: Callable[[Any], dict], baselines: dict[str, dict], every: int = 1,
-                 save: Callable[[str], None] | None = None) -> None:
+                 save: Callable[[str], None] | None = None, metric: str = "serving.mean_e2el_ms",
+                 lower_is_better: bool = True) -> None:
         super().__init__()
         self.evaluate = evaluate
         self.every = max(1, int(every))
+        self.metric, self.lower_is_better = metric, lower_is_better
         self.best = {key: best_value(baselines, get) for key, get in
                      (("mean_e2el_ms", SUMMARY_SCALARS[0][1]), ("p99_ttft_ms", SUMMARY_SCALARS[3][1]))}
+        self.best_task = best_value(baselines, lambda s: metric_value(s, metric), lower_is_better)
         self.save = save
-        self.best_rel = math.inf
+        self.best_rel = math.inf  # of the task metric: what best_model minimises
+        self.best_rel_e2el = math.inf
         self._rollouts = 0
         self.last: dict[str, float] = {}
 
@@ -125,10 +139,14 @@ class BaselineScoreCallback(BaseCallback):
             best = self.best[key]
             # an agent that leaves requests unserved has no comparable latency: count it as 10x worse
             self.last[f"rel_{key}_vs_best"] = self.last[key] / best if done >= 0.99 and best > 0 else 10.0
-        for key, value in self.last.items():
-            self.logger.record(f"eval/{key}", float(value))
-        if self.save is not None and self.last["rel_mean_e2el_ms_vs_best"] < self.best_rel:
-            self.best_rel = self.last["rel_mean_e2el_ms_vs_best"]
+        value = metric_value(s, self.metric)
+        self.last["task_metric"] = value
+        self.last["rel_task_vs_best"] = relative(value, self.best_task, self.lower_is_better) if done >= 0.99 else 10.0
+        for key, v in self.last.items():
+            self.logger.record(f"eval/{key}", float(v))
+        self.best_rel_e2el = min(self.best_rel_e2el, self.last["rel_mean_e2el_ms_vs_best"])
+        if self.save is not None and self.last["rel_task_vs_best"] < self.best_rel:
+            self.best_rel = self.last["rel_task_vs_best"]
             self.save("best_model")
 
 
@@ -151,11 +169,26 @@ class Checkpoints(BaseCallback):
         return True
 
 
-def best_value(summaries: dict[str, dict], get: Callable[[dict], float]) -> float:
-    """The lowest value of a latency metric over baselines that completed their workload."""
+def best_value(summaries: dict[str, dict], get: Callable[[dict], float], lower_is_better: bool = True) -> float:
+    """The best value of a metric (the lowest, or the highest when ``lower_is_better`` is false) over
+    baselines that completed their workload; nan when none did."""
     vals = [get(s) for s in summaries.values() if s["n_completed"] >= 0.99 * s["n_arrived"]]
     vals = [v for v in vals if np.isfinite(v)]
-    return float(min(vals)) if vals else math.nan
+    if not vals:
+        return math.nan
+    return float(min(vals) if lower_is_better else max(vals))
+
+
+def relative(value: float, best: float, lower_is_better: bool = True) -> float:
+    """``value`` against the best baseline's, below 1 when ``value`` is better: ``value / best`` for a
+    lower-is-better metric, ``best / value`` otherwise; 10 (far worse) where undefined or not
+    positive, as for an agent that leaves requests unserved."""
+    num, den = (value, best) if lower_is_better else (best, value)
+    if num == den:
+        return 1.0
+    if not (np.isfinite(num) and np.isfinite(den)) or den <= 0 or num < 0:
+        return 10.0
+    return float(num / den)
 
 
 class WallClockLimit(BaseCallback):
@@ -204,8 +237,8 @@ class RichProgressCallback(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         if self.score is not None and self.score.last:
-            rel = self.score.last.get("rel_mean_e2el_ms_vs_best", math.nan)
-            self.progress.update(self.task, note=f"E2E vs best baseline x{rel:.3f}")
+            rel = self.score.last.get("rel_task_vs_best", math.nan)
+            self.progress.update(self.task, note=f"{self.score.metric} vs best baseline x{rel:.3f}")
 
     def _on_training_end(self) -> None:
         self.progress.stop()

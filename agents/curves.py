@@ -158,6 +158,7 @@ class LearningCurve:
         self.best_baseline = best_baseline
         self.points: list[tuple[int, float]] = []
         self.start: float | None = None
+        self.note = ""  # appended to the plot's title: " (synthetic stand-in)" when the trace was missing
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -229,7 +230,7 @@ class LearningCurve:
         best = self.best_baseline
         return {"target": asdict(self.target), "points": [[s, v] for s, v in self.points],
                 "start": self.start, "references": self.refs,
-                "best_baseline": {"name": best[0], "value": best[1]} if best else None}
+                "best_baseline": {"name": best[0], "value": best[1]} if best else None, "note": self.note}
 
     def write(self) -> None:
         data = self.as_dict()
@@ -267,7 +268,7 @@ def plot_curve(curve: dict[str, Any], path: Path, title: str | None = None) -> b
     t = curve["target"]
     ax.set_xlabel("training steps")
     ax.set_ylabel(f"{t['label']} ({'lower' if t['lower_is_better'] else 'higher'} is better)")
-    ax.set_title(title or f"{t.get('task') or 'validation'}: seed 99", fontsize=10)
+    ax.set_title(title or f"{t.get('task') or 'validation'}: seed 99{curve.get('note', '')}", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
     fig.tight_layout()

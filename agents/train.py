@@ -417,6 +417,26 @@ def validation_baselines(scenario: str, overrides: dict[str, Any]) -> dict[str, 
     return {r.policy: r.summary for r in records}
 
 
+def workload_line(scenario: str | dict, overrides: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What the training workloads are on this machine: the line ``llmsched train`` prints, and
+    ``run.json``'s ``workload`` (``title``, ``workload_source``, ``synthetic``). When the scenario's
+    real trace is missing and a synthetic stand-in replaces it, the line says so in capitals (a run
+    on a stand-in is not comparable with the leaderboard's figures)."""
+    from llmsched_gym.data import synthetic_note
+    from llmsched_gym.sim import what_runs
+
+    w = what_runs(scenario, overrides)
+    src = w["workload_source"]
+    synthetic = src.get("kind") == "synthetic"
+    line = f"workload: {w['title']}"
+    if synthetic:
+        line = (f"WARNING: SYNTHETIC STAND-IN: {w['title']}: the real trace is missing, so this run trains and is "
+                f"scored on generated requests (`llmsched data download {src['name']}` fetches the real one)")
+    elif synthetic_note(src):
+        line = f"WARNING: {w['title']}"
+    return line, {"title": w["title"], "workload_source": src, "synthetic": synthetic}
+
+
 def _run_dir(cfg: TrainConfig, env_kwargs: dict[str, Any]) -> tuple[str, Path]:
     """The run's name and folder ``OUT/NAME`` (with ``checkpoints/``); with links followed it must
     stay inside OUT (a default name is made safe, a given one checked)."""
@@ -508,9 +528,10 @@ def _warm_start(cfg: TrainConfig, hp: dict[str, Any], model: Any, venv: Any, see
 
 
 def _callbacks(cfg: TrainConfig, bc: dict[str, Any], evaluate: Callable[[Any], dict], save: Callable[[str], None],
-               baselines: dict[str, Any], t0: float) -> tuple[list[Any], Any, Any, Any]:
+               baselines: dict[str, Any], t0: float, tgt: Any = None) -> tuple[list[Any], Any, Any, Any]:
     """The callbacks of ``model.learn``: ``(all of them, the summary scalars, the validation
-    scores or None, the wall-clock limit or None)``."""
+    scores or None, the wall-clock limit or None)``; ``tgt`` (:class:`agents.curves.Target`): the
+    metric that picks ``best_model`` (default: the mean E2EL)."""
     from agents.callbacks import (
         BaselineScoreCallback,
         Checkpoints,
@@ -523,7 +544,8 @@ def _callbacks(cfg: TrainConfig, bc: dict[str, Any], evaluate: Callable[[Any], d
     callbacks: list[Any] = [summaries, Checkpoints(cfg.checkpoint_every, save)]
     score = None
     if cfg.score_every:
-        score = BaselineScoreCallback(evaluate, baselines, cfg.score_every, save=save)
+        metric = {"metric": tgt.metric, "lower_is_better": tgt.lower_is_better} if tgt is not None else {}
+        score = BaselineScoreCallback(evaluate, baselines, cfg.score_every, save=save, **metric)
         callbacks.append(score)
     limit = None
     if cfg.max_minutes is not None:
@@ -538,7 +560,8 @@ def _callbacks(cfg: TrainConfig, bc: dict[str, Any], evaluate: Callable[[Any], d
 
 def _validation(baselines: dict[str, Any], final: dict[str, Any], score: Any) -> dict[str, Any]:
     """``run.json``'s ``validation``: the baselines' and the final agent's scores on the validation
-    workload, and the best the agent reached relative to the best baseline."""
+    workload, and the best the agent reached relative to the best baseline (on the mean E2EL and on
+    the task's metric, which chose ``best_model``)."""
     def brief(s: dict[str, Any]) -> dict[str, Any]:
         return {"mean_e2el_ms": s["serving"]["mean_e2el_ms"], "p99_ttft_ms": s["serving"]["p99_ttft_ms"],
                 "completed": s["n_completed"], "arrived": s["n_arrived"]}
@@ -546,7 +569,9 @@ def _validation(baselines: dict[str, Any], final: dict[str, Any], score: Any) ->
     return {
         "baselines": {k: brief(v) for k, v in baselines.items()},
         "final_agent": brief(final) if final else {},
-        "best_rel_mean_e2el_vs_best": score.best_rel if score is not None else None,
+        "best_rel_mean_e2el_vs_best": score.best_rel_e2el if score is not None else None,
+        "selection": {"metric": score.metric, "lower_is_better": score.lower_is_better,
+                      "best_baseline": score.best_task, "best_rel_vs_best": score.best_rel} if score is not None else None,
         "last_scores": score.last if score is not None else {},
     }
 
@@ -565,10 +590,11 @@ def _start_meta(cfg: TrainConfig, hp: dict[str, Any], chosen: Any, name: str, n_
     }
 
 
-def _validation_setup(cfg: TrainConfig, hp: dict[str, Any], run_dir: Path, curves: Any) -> tuple[dict, Any, Any]:
-    """``(baselines, env, curve)`` of the validation workload (seed ``VALIDATION_SEED``; a recipe's
-    benchmark task gives its metric and workload): the baselines' summaries (none when
-    ``score_every`` is 0), the env the agent is scored on, and the learning curve (or None)."""
+def _validation_setup(cfg: TrainConfig, hp: dict[str, Any], run_dir: Path, curves: Any) -> tuple[dict, Any, Any, Any]:
+    """``(baselines, env, curve, target)`` of the validation workload (seed ``VALIDATION_SEED``; a
+    recipe's benchmark task gives its metric and workload): the baselines' summaries (none when
+    ``score_every`` is 0), the env the agent is scored on, the learning curve (or None) and the
+    :class:`agents.curves.Target` (what is measured, and what picks ``best_model``)."""
     from agents.curves import HINDSIGHT_SIMS, CurveSetup, LearningCurve, target
 
     env_kwargs = hp["env_kwargs"]
@@ -583,7 +609,7 @@ def _validation_setup(cfg: TrainConfig, hp: dict[str, Any], run_dir: Path, curve
     curve = LearningCurve.for_run(run_dir, cfg.scenario, tgt, VALIDATION_SEED, val_env.unwrapped.information, baselines,
                                   (hp.get("curves") or {}).get("hindsight_sims", HINDSIGHT_SIMS),
                                   hindsight=curves.hindsight) if cfg.score_every else None
-    return baselines, val_env, curve
+    return baselines, val_env, curve, tgt
 
 
 def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
@@ -609,6 +635,8 @@ def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
     env_kwargs = hp["env_kwargs"]
     chosen = recipe(cfg, hp)
     print(recipe_line(chosen), flush=True)
+    line, workload = workload_line(cfg.scenario, env_kwargs.get("overrides", {}))
+    print(line, flush=True)
     name, run_dir = _run_dir(cfg, env_kwargs)
     if cfg.vec not in VEC_KINDS:
         raise ConfigError(f"vec: {cfg.vec!r} is not one of {', '.join(VEC_KINDS)}")
@@ -617,10 +645,12 @@ def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
     envs, extra = _training_envs(cfg, hp, n_envs, base)
     model, venv = _model(cfg, hp, envs, run_dir, extra)
     bc = _warm_start(cfg, hp, model, venv, base + 500)
-    meta = _start_meta(cfg, hp, chosen, name, n_envs, base, bc)
+    meta = {**_start_meta(cfg, hp, chosen, name, n_envs, base, bc), "workload": workload}
     (run_dir / "run.json").write_text(json.dumps(meta, indent=2, default=float) + "\n")
 
-    baselines, val_env, curve = _validation_setup(cfg, hp, run_dir, curves)
+    baselines, val_env, curve, tgt = _validation_setup(cfg, hp, run_dir, curves)
+    if curve is not None and workload["synthetic"]:
+        curve.note = " (synthetic stand-in)"
 
     def evaluate(m: Any) -> dict:
         s = run_episode(Agent(name, m, venv, env_kwargs), val_env, VALIDATION_SEED)[0]
@@ -632,7 +662,7 @@ def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
         save_agent(run_dir / stem, model, venv, {"scenario": cfg.scenario, "env_kwargs": env_kwargs,
                                                  "overrides": env_kwargs.get("overrides", {})})
 
-    callbacks, summaries, score, limit = _callbacks(cfg, bc, evaluate, save, baselines, t0)
+    callbacks, summaries, score, limit = _callbacks(cfg, bc, evaluate, save, baselines, t0, tgt)
     if extra:
         from agents.input_baseline import CoverageScalar
 

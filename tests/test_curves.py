@@ -128,3 +128,82 @@ def test_the_tight_kv_recipes_score_the_task_and_differ_only_in_their_start(name
     same = {k for k in hp if k not in ("action_bias", "env_kwargs") and hp[k] == other[k]}
     assert same == set(hp) - {"action_bias", "env_kwargs"}
     assert {k for k in hp["env_kwargs"] if hp["env_kwargs"][k] != other["env_kwargs"][k]} == {"order"}
+
+
+def _summary(e2el: float, p99_ttft: float, done: int = 10) -> dict:
+    return {"serving": {"mean_e2el_ms": e2el, "p99_ttft_ms": p99_ttft}, "n_completed": done, "n_arrived": 10}
+
+
+@pytest.mark.parametrize("metric,lower,saved_at", [
+    ("serving.p99_ttft_ms", True, [0, 2]),   # the tail task: P99 TTFT picks best_model
+    ("serving.mean_e2el_ms", True, [0, 1]),  # no task: the mean E2EL, as before
+])
+def test_best_model_is_chosen_by_the_tasks_own_metric(metric, lower, saved_at):
+    from types import SimpleNamespace
+
+    from agents.callbacks import BaselineScoreCallback
+
+    logged: dict[str, float] = {}
+    # the agent's validation scores, in order: better E2E but a worse tail, then a better tail
+    plays = iter([_summary(100.0, 50.0), _summary(80.0, 70.0), _summary(90.0, 30.0), _summary(95.0, 20.0, done=5)])
+    saves: list[int] = []
+    calls = [0]
+
+    def save(stem: str) -> None:
+        assert stem == "best_model"
+        saves.append(calls[0] - 1)
+
+    def evaluate(_model):
+        calls[0] += 1
+        return next(plays)
+
+    baselines = {"a": _summary(120.0, 40.0), "b": _summary(110.0, 60.0), "unfinished": _summary(1.0, 1.0, done=3)}
+    cb = BaselineScoreCallback(evaluate, baselines, save=save, metric=metric, lower_is_better=lower)
+    cb.model = SimpleNamespace(logger=SimpleNamespace(record=logged.__setitem__))
+    assert cb.best_task == (40.0 if "ttft" in metric else 110.0)  # the unfinished baseline does not count
+    for _ in range(4):
+        cb._on_rollout_end()
+    assert saves == saved_at  # the last play left requests unserved: x10, never the best
+    assert logged["eval/task_metric"] == (20.0 if "ttft" in metric else 95.0) and logged["eval/rel_task_vs_best"] == 10.0
+    assert cb.best_rel == pytest.approx(30.0 / 40.0 if "ttft" in metric else 80.0 / 110.0)
+    assert cb.best_rel_e2el == pytest.approx(80.0 / 110.0)
+
+
+def test_relative_is_below_one_when_better_in_either_direction():
+    from agents.callbacks import relative
+
+    assert relative(30.0, 40.0) == 0.75
+    assert relative(50.0, 40.0, lower_is_better=False) == 0.8  # a goodput of 50 against the best 40
+    assert relative(0.0, 0.0) == 1.0
+    assert relative(math.nan, 40.0) == 10.0 and relative(5.0, 0.0) == 10.0
+
+
+def test_train_says_loudly_when_a_synthetic_stand_in_replaced_the_trace(clone, capsys):
+    from agents.train import workload_line
+
+    line, record = workload_line("azure-conv", {})  # a fresh clone: no trace anywhere
+    assert line.startswith("WARNING: SYNTHETIC STAND-IN: azure-conv (synthetic stand-in for azure-conv)")
+    assert "llmsched data download azure-conv" in line and "\n" not in line
+    assert record["synthetic"] is True and record["workload_source"]["kind"] == "synthetic"
+    assert "synthetic stand-in" in record["title"]
+    line, record = workload_line("jaillet-high", {})  # a generated workload is no stand-in
+    assert line.startswith("workload: jaillet-high") and record["synthetic"] is False
+
+
+def test_a_stand_in_runs_curve_says_so_in_its_title(tmp_path):
+    curve = LearningCurve(tmp_path, Target(), {}, tensorboard=False)
+    curve.note = " (synthetic stand-in)"
+    curve.record(0, {"serving": {"mean_e2el_ms": 5.0}, "n_completed": 3, "n_arrived": 3})
+    data = json.loads((tmp_path / CURVE_JSON).read_text())
+    assert data["note"] == " (synthetic stand-in)"
+
+
+def test_run_json_names_the_workload_and_the_metric_that_chose_best_model(tiny_run):
+    run_dir, meta = tiny_run
+    saved = json.loads((run_dir / "run.json").read_text())
+    assert saved["workload"] == {"title": meta["workload"]["title"], "synthetic": False,
+                                 "workload_source": meta["workload"]["workload_source"]}
+    assert saved["workload"]["title"].startswith("jaillet-low")
+    sel = saved["validation"]["selection"]
+    assert sel["metric"] == "serving.mean_e2el_ms" and sel["lower_is_better"] is True
+    assert sel["best_rel_vs_best"] == pytest.approx(saved["validation"]["best_rel_mean_e2el_vs_best"])

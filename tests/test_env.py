@@ -372,10 +372,54 @@ def test_slo_reward_counts_each_request_that_missed_its_slo_once():
     assert sum(rewards) == -2.0 * missed
 
 
-def test_fairness_reward_sums_to_minus_final_max_service_difference():
-    env = LLMSchedEnv("vtc-arena", overrides=SMALL["vtc-arena"], reward={"fairness": 1.0})
-    _, rewards, _, info = random_episode(env, np.random.default_rng(0))
-    assert sum(rewards) == pytest.approx(-info["summary"]["fairness"]["max_service_diff"])
+def _fairness_return(candidate: int, overrides: dict) -> tuple[float, dict]:
+    """The fairness return of one meta candidate run alone on vtc-arena, and the summary's fairness."""
+    env = LLMSchedEnv("vtc-arena", overrides=overrides, reward={"fairness": 1.0}, action_mode="meta",
+                      candidates=["vtc", "lcf", "sarathi"])
+    env.reset(seed=99)
+    total, done = 0.0, False
+    while not done:
+        _, r, term, trunc, info = env.step(candidate)
+        assert r <= 0.0
+        total, done = total + r, term or trunc
+    assert info["summary"]["n_completed"] == info["summary"]["n_arrived"]
+    return total, info["summary"]["fairness"]
+
+
+def test_fairness_reward_orders_schedules_as_the_tasks_per_tick_difference():
+    # The old component (growth of the max service difference) summed to minus the *final* difference,
+    # which the workload fixes once every request completes: every schedule earned the same return.
+    over = {"workload.n_requests": 400, "workload.trace.window": "random"}
+    runs = [_fairness_return(c, over) for c in range(3)]  # vtc, lcf, sarathi
+    returns = [r for r, _ in runs]
+    tick_max = [f["tick_diff"]["max"] for _, f in runs]
+    finals = [f["max_service_diff"] for _, f in runs]
+    assert finals[0] == pytest.approx(finals[1]) == pytest.approx(finals[2])  # what the old reward summed
+    assert len(set(tick_max)) == 3
+    # a fairer schedule (lower per-tick difference) earns a higher fairness return, in the same order
+    assert np.argsort(returns).tolist() == np.argsort(tick_max)[::-1].tolist()
+    assert returns[0] > returns[2]  # VTC (Sheng et al. 2024) beats the fairness-blind Sarathi
+
+
+def test_fairness_component_is_the_per_tick_difference_times_the_step():
+    """A constructed two-client state: D = sum_j min(max s - s_j, |r_j - s_j|) over a 60 s window."""
+    from types import SimpleNamespace
+
+    from llmsched_gym.env.reward import _TickDifference
+
+    wl = SimpleNamespace(n_clients=2, client_weight=np.ones(2), arrival_s=np.zeros(2), client=np.array([0, 1]),
+                         prompt_tokens=np.array([10, 10]), output_tokens=np.array([5, 5]))
+    eng = SimpleNamespace(workload=wl, clock=0.0, next_idx=2, state=np.array([1, 1]), prefilled=np.zeros(2, int),
+                          generated=np.zeros(2, int))
+    d = _TickDifference(eng)
+    # t = 30: client 0's request done (10 + 2 x 5 = 20 served), client 1's still waiting; both sent 20
+    eng.clock, eng.state, eng.prefilled, eng.generated = 30.0, np.array([3, 1]), np.array([10, 0]), np.array([5, 0])
+    assert d.at(30.0) == pytest.approx(20 / 60)  # client 0: min(0, 0); client 1: min(20/60, 20/60)
+    assert d._service_at(15.0).tolist() == pytest.approx([10.0, 0.0])  # linear between the snapshots
+    # t = 90: client 1 served in [30, 90], client 0 nothing, nobody sent anything: nobody is owed
+    eng.clock, eng.state, eng.prefilled, eng.generated = 90.0, np.array([3, 3]), np.array([10, 10]), np.array([5, 5])
+    assert d.at(90.0) == pytest.approx(0.0)
+    assert d.times == [30.0, 90.0]  # the snapshot at 0 is before every later window
 
 
 def test_unknown_reward_component_is_rejected():

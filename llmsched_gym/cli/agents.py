@@ -8,6 +8,7 @@ so ``llmsched list`` stays fast.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +102,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"trained {meta['name']}: {meta['timesteps']} steps in {meta['learn_wall_s']:.0f}s "
           f"({meta['episodes']} episodes); saved in {Path(args.out) / meta['name']}")
     if v["final_agent"]:
-        print(f"validation (seed 99): agent Mean E2EL {v['final_agent']['mean_e2el_ms']:.4g} ms, "
-              f"best rel. to the best baseline x{v['best_rel_mean_e2el_vs_best']:.3f}")
+        sel = v.get("selection") or {}
+        print(f"validation (seed 99): agent Mean E2EL {v['final_agent']['mean_e2el_ms']:.4g} ms; best_model: "
+              f"{sel.get('metric', 'serving.mean_e2el_ms')} x{sel.get('best_rel_vs_best', math.nan):.3f} of the best baseline")
     return 0
 
 

@@ -220,7 +220,8 @@ class LLMSchedEnv(gym.Env):
     the system (sums exactly to minus the summary's ``total_latency_s`` when every request
     completes); ``throughput``: output tokens generated; ``eviction``: minus tokens recomputed after
     preemptions and clears; ``slo``: minus requests that missed their TTFT/TPOT SLO; ``fairness``:
-    minus the growth of the maximum weighted service difference between clients. Steps that only
+    minus Sheng et al. 2024's per-tick service difference between clients (over the trailing 60 s)
+    times the step's duration. Steps that only
     add to the batch being formed (``select``) take no time and earn 0 (less ``invalid_penalty``).
     ``info["reward_components"]`` holds every raw component every step.
 
@@ -285,7 +286,10 @@ class LLMSchedEnv(gym.Env):
     **Version history.** ``LLMSched-v1`` (issue 25): information models; under ``blind`` the
     output-length features are replaced as above and prediction-based choices are refused or
     masked; ``info["information"]`` and ``info["env"]`` on every step, ``summary["env"]``; with a
-    clairvoyant or predicted scenario the observations, masks and rewards are v0's.
+    clairvoyant or predicted scenario the observations, masks and rewards are v0's. Issue 26
+    changed the ``fairness`` component within v1 (its old sum was fixed by the workload; see
+    :mod:`~llmsched_gym.env.reward`): rewards with a fairness weight, and
+    ``info["reward_components"]["fairness"]`` of multi-client workloads, differ from before.
     ``LLMSched-v0``: the first version (its default action mode became ``select`` without a
     version change); retired: ``gymnasium.make("LLMSched-v0")`` raises Gymnasium's
     ``DeprecatedEnv`` naming v1. Note that the built-in ``azure-conv`` became ``predicted`` at the

@@ -12,12 +12,23 @@ component      raw value of one step (the weight multiplies it; ``info["reward_c
 ``slo``        minus the requests that missed their SLO, each counted once: when its TTFT deadline
                passes without a first token in time, or at completion when the mean TPOT is over.
                The weight is a number, or ``{"online": w, "offline": w}`` per task class.
-``fairness``   minus the growth of the maximum weighted service difference between clients (the
-               summary's ``fairness.max_service_diff``; service = prompt + 2 x output tokens).
+``fairness``   minus the per-tick service difference of Sheng et al. 2024 (section 4.2) now, times
+               the time since the previous step: with ``s_j`` client ``j``'s service rate over the
+               trailing ``FAIRNESS_WINDOW_S`` seconds and ``r_j`` the cost rate of the requests it
+               sent in that window (rejected ones excluded), ``D = sum_j min(max_i s_i - s_j,
+               |r_j - s_j|)``; service = prompt tokens when prefilled + 2 x output tokens as they
+               are generated, both divided by the client's weight. An episode's components sum to
+               minus the time integral of ``D`` (right-endpoint rule at the agent's steps), whose
+               peak over ticks is the ``vtc-arena`` task's metric (``fairness.tick_diff.max``).
 =============  ===================================================================================
 
-Sums telescope: the components of a whole episode add up to the run's totals, whatever the number
-of iterations simulated between decisions.
+Sums telescope: the latency, throughput, eviction and SLO components of a whole episode add up to
+the run's totals, whatever the number of iterations simulated between decisions.
+
+The fairness component before issue 26 was minus the growth of the maximum service difference
+between clients. That sum telescopes to minus the *final* difference, which the workload alone
+fixes when every request completes (each client's total service is then its requests' cost): two
+schedules of the same workload, however unfair on the way, earned the same fairness return.
 """
 
 from __future__ import annotations
@@ -36,6 +47,9 @@ if TYPE_CHECKING:
 
 REWARD_COMPONENTS = ("latency", "throughput", "eviction", "slo", "fairness")
 CLASS_NAMES = ("online", "offline")
+FAIRNESS_WINDOW_S = 60.0
+"""The trailing window of the fairness component's rates: Sheng et al. 2024's artifact's ``w``."""
+_REJECTED = 4
 
 
 def parse_weights(reward: str | dict | None) -> dict[str, float | dict[str, float]]:
@@ -74,13 +88,11 @@ def _finite(value, name: str) -> float:
 class _Totals:
     """The episode's running totals that the components difference: the two engine counters the
     components read (copied as plain integers: a whole ``Counters.snapshot()`` per step costs more
-    than the rest of the reward) plus the tracker's own (the latency cost, the fairness gap, SLO
-    misses per class)."""
+    than the rest of the reward) plus the tracker's own (the latency cost, SLO misses per class)."""
 
     decoded: int
     recomputed: int
     cost: float = 0.0
-    diff: float = 0.0
     viol_online: int = 0
     viol_offline: int = 0
 
@@ -103,8 +115,11 @@ class RewardTracker:
         self._n_done = 0
         self._viol = [0, 0]
         self._prev = _Totals(engine.counters.total_decoded, engine.counters.recomputed_tokens_total)
+        self._t_prev = float(engine.clock)
         self.has_slo = wl.has_slo
         self.multi_client = wl.n_clients > 1
+        if self.multi_client:
+            self._fair = _TickDifference(engine)
         if self.has_slo:
             has = np.isfinite(wl.ttft_slo_s)
             ids = np.nonzero(has)[0]
@@ -136,22 +151,24 @@ class RewardTracker:
         e = self.engine
         n_arr = e.next_idx
         cost = (n_arr - self._n_done) * e.clock - self._cum_arrival[n_arr] + self._sum_done
-        diff = self._service_diff() if self.multi_client else 0.0
         if self.has_slo:
             self._ttft_deadlines(e.clock)
         c = e.counters
-        return _Totals(c.total_decoded, c.recomputed_tokens_total, cost, diff, self._viol[0], self._viol[1])
+        return _Totals(c.total_decoded, c.recomputed_tokens_total, cost, self._viol[0], self._viol[1])
 
     def collect(self) -> tuple[float, dict[str, float]]:
         now, prev = self._totals(), self._prev
         self._prev = now
+        t = float(self.engine.clock)
+        fair = -self._fair.at(t) * (t - self._t_prev) if self.multi_client and t > self._t_prev else 0.0
+        self._t_prev = t
         d_on, d_off = now.viol_online - prev.viol_online, now.viol_offline - prev.viol_offline
         comps = {
             "latency": prev.cost - now.cost,
             "throughput": float(now.decoded - prev.decoded),
             "eviction": float(prev.recomputed - now.recomputed),
             "slo": 0.0,
-            "fairness": prev.diff - now.diff,
+            "fairness": fair,
         }
         reward = 0.0
         for k, w in self._scalar_w:
@@ -178,11 +195,50 @@ class RewardTracker:
             self._viol[0] += int(counts[0])
             self._viol[1] += int(counts[1])
 
-    def _service_diff(self) -> float:
-        e, wl = self.engine, self.engine.workload
-        svc = client_service(e)
-        active = np.bincount(wl.client[: e.next_idx], minlength=wl.n_clients) > 0
-        if not active.any():
-            return 0.0
-        sv = svc[active] / wl.client_weight[active]
-        return float(sv.max() - sv.min())
+
+class _TickDifference:
+    """Sheng et al. 2024's per-tick service difference at the current time, over the trailing window
+    (the ``fairness`` component's ``D``): snapshots of every client's cumulative service at the
+    agent's steps, interpolated at ``t - FAIRNESS_WINDOW_S``, and the cost of the requests sent in
+    the window."""
+
+    def __init__(self, engine: Engine) -> None:
+        wl = engine.workload
+        self.engine = engine
+        self.weight = np.asarray(wl.client_weight, dtype=float)
+        self.n = wl.n_clients
+        self.arrival = wl.arrival_s
+        self.cost = wl.prompt_tokens + 2.0 * wl.output_tokens  # h(n_p, n_q) = n_p + 2 n_q (section 3.1)
+        self.times: list[float] = [min(0.0, float(engine.clock))]
+        self.service: list[np.ndarray] = [np.zeros(self.n)]
+
+    def _service_at(self, t: float) -> np.ndarray:
+        """Cumulative service at ``t`` (linear between snapshots; the first one before them all)."""
+        j = bisect.bisect_right(self.times, t)
+        if j == 0:
+            return self.service[0]
+        if j == len(self.times):
+            return self.service[-1]
+        t0, t1 = self.times[j - 1], self.times[j]
+        a = (t - t0) / (t1 - t0) if t1 > t0 else 1.0
+        return self.service[j - 1] + a * (self.service[j] - self.service[j - 1])
+
+    def at(self, t: float) -> float:
+        """``D`` at time ``t`` (the engine's clock now), recording this step's snapshot."""
+        e, w = self.engine, FAIRNESS_WINDOW_S
+        now = client_service(e) / self.weight
+        start = t - w
+        old = self._service_at(start)
+        self.times.append(t)
+        self.service.append(now)
+        # drop snapshots no later window can need (the one just before this window's start stays)
+        k = bisect.bisect_right(self.times, start) - 1
+        if k > 0:
+            del self.times[:k], self.service[:k]
+        s = (now - old) / w
+        i0, i1 = np.searchsorted(self.arrival, (start, t), side="left")
+        i1 = min(int(i1), e.next_idx)
+        sent = slice(int(i0), i1)
+        keep = e.state[sent] != _REJECTED
+        r = np.bincount(e.workload.client[sent][keep], weights=self.cost[sent][keep], minlength=self.n) / self.weight / w
+        return float(np.minimum(s.max() - s, np.abs(r - s)).sum())
