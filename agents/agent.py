@@ -214,7 +214,9 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
     then its training: ``ppo priority/prompt-order budget 256, 166k steps``, ``maskable-ppo select,
     bc: sarathi, 41k steps``, ``ppo tune: sarathi chunk_size, 60k steps``; ``start`` names the untrained
     starting policy of the run (``..., untrained start``); a run that started from zero scores and no
-    cloning says ``neutral start``. The run folder's name when ``run.json`` is missing."""
+    cloning (or, in the discrete modes, from the head's initialisation and no cloning) says ``neutral
+    start``; a ``meta`` run names its candidates (``maskable-ppo meta over sarathi/vtc, neutral start,
+    1.2M steps``). The run folder's name when ``run.json`` is missing."""
     if not meta:
         return f"{folder} (untrained start)" if start else folder
     steps = int(meta.get("timesteps") or 0)
@@ -228,13 +230,18 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
         knobs = env_kwargs.get("tune") or {"chunk_size": (), "max_num_seqs": ()}
         base = env_kwargs.get("base", "sarathi")
         structure = f"tune: {base if isinstance(base, str) else base.get('name')} {'+'.join(knobs)}"
+    elif mode == "meta" and env_kwargs.get("candidates"):  # the policies the agent switches between
+        names = [c if isinstance(c, str) else c.get("name", "?") for c in env_kwargs["candidates"]]
+        structure = f"meta over {'/'.join(names)}"
     else:
         structure = mode + (f"/{env_kwargs['order']}-order" if env_kwargs.get("order") else "")
         if env_kwargs.get("budget"):
             structure += f" budget {env_kwargs['budget']}"
     trained = "untrained start" if start else f"{size} steps"
     bias = (meta.get("hyperparams") or {}).get("action_bias")
-    neutral = not bc and bias is not None and not np.any(np.asarray(bias, dtype=float))  # no prior, no clone
+    # no prior, no clone: zero scores, or a discrete head (select, subset, meta) at its initialisation
+    neutral = not bc and (not np.any(np.asarray(bias, dtype=float)) if bias is not None
+                          else mode in ("select", "subset", "meta"))
     parts = [structure, f"bc: {bc}" if bc else "", "neutral start" if neutral else "", trained]
     return f"{meta.get('algo', 'agent')} " + ", ".join(p for p in parts if p)
 

@@ -110,6 +110,19 @@ def test_a_neutral_start_is_named_so_in_the_benchmark_rows():
     assert describe_run(ramp, "x") == "ppo priority/arrival-order budget 128, 1.2M steps"
     cloned = {**neutral, "bc": {"policy": "sarathi"}}
     assert "neutral" not in describe_run(cloned, "x")
+    meta = {"algo": "maskable-ppo", "timesteps": 2_000, "hyperparams": {},
+            "env_kwargs": {"action_mode": "meta", "candidates": ["sarathi", {"name": "vtc"}]}}
+    assert describe_run(meta, "x") == "maskable-ppo meta over sarathi/vtc, neutral start, 2k steps"
+    assert "neutral" not in describe_run({**meta, "bc": {"policy": "vtc"}}, "x")
+    assert "neutral" not in describe_run({**neutral, "hyperparams": {}}, "x")  # a Box head at random: no claim
+
+
+def test_the_vtc_arena_neutral_recipe_learns_the_fairness_task_from_no_prior():
+    from agents.train import HYPERPARAMS_DIR, resolve
+
+    hp = resolve(TrainConfig(scenario="vtc-arena", hyperparams_file=str(HYPERPARAMS_DIR / "vtc_arena_neutral.yml")))
+    assert hp["algo"] == "maskable-ppo" and hp["task"] == "vtc-arena" and hp["bc"]["from"] is None
+    assert hp["env_kwargs"]["reward"] == {"fairness": 1.0} and "action_bias" not in hp
 
 
 @pytest.mark.parametrize("name, order, neutral", [("azure_conv_tight_kv.yml", "shortest", False),
