@@ -75,3 +75,47 @@ def test_one_replica_has_no_decision() -> None:
     assert info["done"] and not obs.any()
     assert env.summary()["n_completed"] == 30
     np.testing.assert_array_equal(env.cluster.placement, np.zeros(30))
+
+
+POOLS = {"prefill": {"n": 2}, "decode": {"n": 1}, "mixed": {"n": 1}}
+
+
+@pytest.mark.parametrize("router", ["round-robin", "jsq", "token-jsq", "llm-d", "random"])
+def test_pair_experts_replay_exactly(router: str) -> None:
+    """With pools the action is a pair; following the pair router (and its decider) reproduces
+    simulate_cluster(pools=...) exactly, and the rewards telescope to its total latency."""
+    kw = dict(pools=POOLS, transfer={"bandwidth_gb_s": 5.0}, decider={"kind": "prompt_len", "min": 300})
+    env = gym.make("llmsched_gym:LLMSchedCluster-v0", scenario="azure-conv", policy="vllm-v1", expert=router,
+                   overrides=OV, **kw).unwrapped
+    env.reset(seed=2)
+    total, done = 0.0, False
+    while not done:
+        _, r, done, _, info = env.step(env.expert_action(strict=True))
+        total += r
+    got = env.summary()
+    want = simulate_cluster("azure-conv", "vllm-v1", router, seed=2, overrides=OV, **kw).summary
+    got.pop("wall_time_s"), want.pop("wall_time_s")
+    assert got == want and want["n_completed"] == 120
+    assert 0 < want["pools"]["disaggregated"] < 120  # the decider kept the short prompts whole
+    assert total == pytest.approx(-want["total_latency_s"], rel=1e-9)
+
+
+def test_pools_check_env_mask_and_the_agent_as_decider() -> None:
+    from llmsched_gym.env.cluster_env import LLMSchedClusterEnv
+
+    env = LLMSchedClusterEnv("azure-conv", pools=POOLS, overrides={"workload.n_requests": 30})
+    check_env(env)
+    obs, info = env.reset(seed=0)
+    assert env.action_space.n == 16 and obs.shape == (4 * 7 + 2,)
+    assert obs[5:28:7].tolist() == [0.0, 0.0, 1.0, 0.5]  # roles: prefill, prefill, decode, mixed
+    mask = info["action_mask"].reshape(4, 4)
+    # decode on 2 or 3; prefill on 0, 1 or the mixed 3, or whole on the decode replica itself
+    assert mask.astype(int).tolist() == [[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 0], [0, 0, 1, 1]]
+    done = False
+    while not done:  # the agent keeps every request whole on replica 2: nothing is transferred
+        _, _, done, _, info = env.step(2 * 4 + 2)
+    s = env.summary()
+    assert s["pools"]["local"] == 30 and s["pools"]["transfer"]["count"] == 0 and s["n_completed"] == 30
+    env.reset(seed=0)
+    env.step(0)  # (0, 0) cannot be: replica 0 does not decode; the lowest allowed pair (0, 2) is taken
+    assert env.cluster.prefill_replica[0] == 0 and env.cluster.decode_replica[0] == 2

@@ -239,6 +239,8 @@ class DisaggCluster:
         self._hashers: dict[int, KVCache] = {}
         self.pview = ClusterView(_PoolCluster(self, self.prefill_idx))
         self.dview = ClusterView(_PoolCluster(self, self.decode_idx))
+        self.view = ClusterView(_PoolCluster(self, list(range(len(replicas)))))
+        """Every replica's signals (what the routing env observes)."""
         router.reset(len(self.prefill_idx), len(self.decode_idx),
                      np.random.default_rng(np.random.SeedSequence([seed, 0x0A7E])))
         n = len(workload)
@@ -259,6 +261,12 @@ class DisaggCluster:
         self._seq = 0
         self.stop_reason = ""
         self.done = False
+
+    @property
+    def bound(self) -> np.ndarray:
+        """Per replica: requests routed to it as decode replica and not there yet (prefilling,
+        waiting for room or in transfer)."""
+        return self._bound
 
     def hasher(self, block_size: int) -> KVCache:
         """A prefix-hash index of the global workload (its hashes only)."""
@@ -451,13 +459,15 @@ class DisaggCluster:
         else:
             self.engines[p].extend(self._rows[p].add(g))
         self._local_p[g] = self.engines[p].n - 1
-        self.pview.routed[:] = [self._rows[r].n for r in self.prefill_idx]
-        self.dview.routed[:] = [self._rows[r].n for r in self.decode_idx]
+        for view, idx in ((self.pview, self.prefill_idx), (self.dview, self.decode_idx)):
+            view.routed[:] = [self._rows[r].n for r in idx]
+        self.view.routed[:] = [rows.n for rows in self._rows]
         self._poll(p, t)
 
     def _signals(self, t: float) -> None:
         """Load signals of both views at routing time ``t`` (exact: each replica as it stands)."""
-        for view, idx in ((self.pview, self.prefill_idx), (self.dview, self.decode_idx)):
+        every = range(len(self.engines))
+        for view, idx in ((self.pview, self.prefill_idx), (self.dview, self.decode_idx), (self.view, every)):
             view.now = t
             for j, r in enumerate(idx):
                 e = self.engines[r]
@@ -642,6 +652,19 @@ class _Records:
     @property
     def requests(self) -> dict[str, np.ndarray]:
         return request_table(self)
+
+    def request_seconds(self, t: float) -> float:
+        """Request-seconds spent in the system up to ``t`` by the requests arrived by then
+        (``t = inf``: every request to its end, an unfinished one to the last replica clock)."""
+        arr = self.workload.arrival_s
+        if math.isinf(t):
+            end = np.where(np.isfinite(self.completion_s), self.completion_s, self.clock)
+            end = np.where(self.state == REJECTED, arr, end)
+            return float((end - arr)[self.state != 0].sum())
+        came = arr <= t
+        end = np.where(np.isfinite(self.completion_s) & (self.completion_s <= t), self.completion_s, t)
+        end = np.where(self.state == REJECTED, arr, end)
+        return float((end - arr)[came].sum())
 
 
 __all__ = ["ROLES", "Decider", "DisaggCluster", "PairRouter", "transfer_model_of"]
