@@ -260,3 +260,17 @@ def test_a_cluster_scenario_runs_its_section_unless_told_otherwise():
     assert Serving("prefix-groups-8", n_replicas=2).gpus() == 4
     wl = base_workloads(serving, (0,), 50)[0]  # the requests, without the one-engine refusal
     assert len(wl) == 50 and wl.arrival_s[0] == 0.0
+
+
+def test_placement_search_scores_every_split_and_refines_the_best():
+    from llmsched_gym.placement import search_placement
+
+    seen = []
+    res = search_placement(Serving("azure-conv", router="lor"), {"ttft_s": 2.0, "tpot_s": 0.1}, gpus=3,
+                           n_requests=150, rel_tol=0.05, coarse_tol=0.2, progress=lambda c, r: seen.append(c.label()))
+    assert seen == ["colocated 3 x TP1", "1P x TP1 + 2D x TP1", "2P x TP1 + 1D x TP1"]  # calibrated: TP 1 only
+    per_gpu = [r.per_gpu for _, r in res.rows]
+    assert per_gpu == sorted(per_gpu, reverse=True) and all(r.gpus == 3 for _, r in res.rows)
+    cand, best = res.best
+    assert cand == res.rows[0][0] and best.goodput > 0
+    assert "placement" in res.table() and cand.label() in res.table()
