@@ -156,7 +156,7 @@ class PlacementResult:
 
 def search_placement(base: Serving, slo: Mapping[str, float], gpus: int, attainment: float = 0.9,
                      seeds: tuple[int, ...] = (0,), n_requests: int | None = DEFAULT_REQUESTS,
-                     tps: list[int] | None = None, rel_tol: float = 0.03, coarse_tol: float = 0.1,
+                     tps: list[int] | None = None, rel_tol: float = 0.03, coarse_tol: float = 0.05,
                      colocated: bool = True, progress: Callable[[Candidate, GoodputResult], None] | None = None
                      ) -> PlacementResult:
     """Goodput per GPU of every candidate placement of ``gpus`` GPUs (module docstring), the best
