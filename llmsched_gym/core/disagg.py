@@ -215,6 +215,7 @@ class DisaggCluster:
             if role not in ROLES:
                 raise ConfigError(f"pools: replica {r} has role {role!r}; allowed: {', '.join(ROLES)}")
         self.prefill_idx = [r for r, x in enumerate(roles) if x in ("prefill", "mixed")]
+        self._decodes = [x != "prefill" for x in roles]
         self.decode_idx = [r for r, x in enumerate(roles) if x in ("decode", "mixed")]
         if not self.decode_idx:
             raise ConfigError("pools.decode.n: a disaggregated cluster needs at least one decode (or mixed) replica")
@@ -305,8 +306,8 @@ class DisaggCluster:
         while True:
             t_arr = arrival[i] if i < n and arrival[i] <= horizon else math.inf
             t_ev = min(t_arr, self._events[0][0] if self._events else math.inf)
-            if busy:
-                r, c = min(busy.items(), key=lambda x: (x[1], x[0]))
+            if busy:  # the earliest replica; at a tie one with prefills under way first (see _step)
+                r, c = min(busy.items(), key=lambda x: (x[1], not self._open[x[0]], x[0]))
                 if c < t_ev:
                     self._step(r, t_ev)
                     continue
@@ -348,9 +349,13 @@ class DisaggCluster:
         """One iteration of replica ``r`` (a fast-forwarded decode run stops at the first boundary
         at or after the next event or the next clock of another busy replica)."""
         e, busy = self.engines[r], self._busy
-        # not past the next event, nor past another replica's next boundary (where it may start a
-        # transfer that reserves memory here); a replica at the same clock does not bound it
-        limit = min([t_ev] + [c for q, c in busy.items() if q != r and c > e.clock])
+        # A fast-forwarded decode run stops at the first boundary at or after ``limit``: the next
+        # event and, on a decode-capable replica, the clock of every other replica with prefills
+        # under way (the earliest its next prefill can end and ask for room here; such a replica
+        # at this clock was stepped first). Nothing else reaches a replica between events.
+        limit = t_ev
+        if self._decodes[r]:
+            limit = min([t_ev] + [c for q, c in busy.items() if q != r and self._open[q] and c > e.clock])
         e.more_from = limit
         e.execute(e.scheduler.schedule(e.view))
         self._poll(r, limit)
