@@ -246,3 +246,37 @@ def test_bad_pool_settings_are_one_line_errors(kw, message) -> None:
     with pytest.raises(ConfigError) as e:
         simulate_cluster("azure-conv", overrides={"workload.n_requests": 5}, **kw)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_tensor_parallel_pools_ship_their_shards_in_parallel() -> None:
+    """A TP-2 prefill replica sends to a TP-4 decode replica over two links: the 100 prompt tokens
+    of Llama-3.1-8B (131,072 B each) take 100 x 131,072 / 2 B over 1 GB/s."""
+    from llmsched_gym.core.models import get_model
+
+    m = get_model("llama-3.1-8b")
+    c = DisaggCluster(_wl([0.0], [100], [3]), [_rep(), _rep()], ["prefill", "decode"], make_pair_router("round-robin"),
+                      {"bandwidth_gb_s": 1.0, "base_s": 0.0}, seed=0, transfer_models=[(m, 2), (m, 4)])
+    c.run()
+    t = c.request_table()
+    assert t["transfer_end_s"][0] - t["transfer_start_s"][0] == pytest.approx(100 * 131_072 / 2 / 1e9, abs=1e-12)
+    assert c.summary()["pools"]["transfer"]["bytes"] == 100 * 131_072
+
+
+def test_transfer_sizing_comes_from_the_batch_time_model() -> None:
+    from llmsched_gym.core.disagg import transfer_model_of
+
+    def of(lat: str):
+        model, tp = transfer_model_of(_rep(latency=lat))
+        return getattr(model, "name", model), tp
+
+    assert of("roofline:llama-2-70b/a100x2") == ("Llama-2-70B", 2)
+    assert of("calibrated:llama-2-7b/a100") == ("Llama-2-7B", 1)
+    assert of("unit") == (KVB, 1)  # no architecture: the engine's KV bytes per token at TP 1
+    r = simulate_cluster("azure-conv", overrides={"workload.n_requests": 20}, seed=0,
+                         pools={"prefill": {"latency": "roofline:llama-2-70b/a100x2"},
+                                "decode": {"latency": "roofline:llama-2-70b/a100x2", "tp": 1}},
+                         transfer={"bandwidth_gb_s": 10.0, "base_s": 0.0})
+    t = r.requests
+    moved = np.isfinite(t["transfer_end_s"])
+    want = t["prompt_tokens"][moved] * 327_680 / 1 / 10e9  # min(TP 2, TP 1) = one link
+    assert np.allclose(t["transfer_end_s"][moved] - t["transfer_start_s"][moved], want, rtol=1e-12, atol=1e-12)

@@ -139,6 +139,7 @@ class SummedLatency(LatencyModel):
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, mfu: float, mbu: float, overhead_s: float) -> None:
+        self.model, self.gpu = model, gpu  # what it serves (the KV transfer of a disaggregated cluster reads them)
         self.mfu, self.mbu, self.overhead_s = float(mfu), float(mbu), float(overhead_s)
         if not (0.0 < self.mfu <= 1.0 and 0.0 < self.mbu <= 1.0 and self.overhead_s >= 0.0):
             raise ValueError(f"latency: {type(self).__name__} needs 0 < mfu, mbu <= 1 and overhead_s >= 0, got "
