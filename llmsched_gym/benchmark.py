@@ -25,7 +25,14 @@ everybody, so two users' results compare:
   the best baseline. An agent is scored beside its own untrained start (``start`` in its run
   folder), with the paired difference "learned: trained vs start";
 * generalisation tasks score an agent of one task on workloads it never saw (another real trace, a
-  lower and a higher load), with the static heuristic chosen on the agent's own task.
+  lower and a higher load), with the static heuristic chosen on the agent's own task;
+* routing tasks (``routing=True``) decide which replica of a cluster serves each request (the
+  decision of ``LLMSchedCluster-v0``): the scenario declares the cluster (``cluster:``) and every
+  replica runs its scheduler. The references are the routers (:data:`baselines.routers.ROUTERS`,
+  each at its defaults); the best static router is the best of them on the validation seed; the
+  hindsight reference is, per test workload, the best of the routers' runs (no search over
+  routings exists: a floor, so the headroom is a lower bound); the normalised score's zero point
+  is round-robin.
 
 Outputs: ``results.json`` (everything, per seed), ``leaderboard.md`` and ``scores.png``.
 ``--quick`` runs two tasks on small workloads, two seeds, a reduced static family and a short
@@ -81,6 +88,8 @@ class Task:
     :param trained_on: for a generalisation task, the task whose agents are scored here and on whose
         validation workload the static heuristic is chosen.
     :param why: what the task tests, one sentence.
+    :param routing: the entrants are routers of the scenario's cluster, not replica schedulers.
+    :param zero: the entrant whose mean is the normalised score's 0 (``fcfs``; round-robin for routing).
     """
 
     name: str
@@ -93,6 +102,8 @@ class Task:
     quick_overrides: dict[str, Any] = field(default_factory=dict)
     trained_on: str | None = None
     why: str = ""
+    routing: bool = False
+    zero: str = "fcfs"
 
 
 _E2EL = ("serving.mean_e2el_ms", True, "Mean E2EL (ms)")
@@ -147,6 +158,15 @@ TASKS: tuple[Task, ...] = (
     Task("azure-conv-arena", "azure-conv", {**_AZ, "workload.trace": {"format": "vtc", "window": "random"}}, *_E2EL,
          "predicted", _AZ_QUICK, trained_on="azure-conv",
          why="generalisation: another real trace (Chatbot Arena, Sheng et al. 2024) on azure-conv's engine"),
+    # routing: the replica that serves each request (LLMSchedCluster-v0's decision); entrants are routers
+    Task("route-mooncake", "mooncake-conv-8", {"workload.n_requests": 1000}, *_E2EL, "predicted",
+         {"workload.n_requests": 150}, routing=True, zero="round-robin",
+         why="routing the Mooncake conversation trace (Qin et al., FAST 2025) over 8 replicas: long multi-turn "
+             "contexts whose prefix blocks repeat, scored on what LLMSchedCluster-v0's reward sums to"),
+    Task("route-prefix-groups", "prefix-groups-8", {"workload.n_requests": 1500}, "serving.p90_ttft_ms", True,
+         "P90 TTFT (ms)", "predicted", {"workload.n_requests": 200}, routing=True, zero="round-robin",
+         why="llm-d's prefix-heavy benchmark (150 groups of 6,000-token system prompts, 8 pods of Qwen3-32B), "
+             "scored on P90 TTFT as llm-d reports it"),
 )
 QUICK_TASKS = ("azure-conv", "jaillet-high")
 
@@ -248,6 +268,23 @@ def agent_cell(args: tuple) -> tuple[float, bool, str]:
     return metric_value(summary, task.metric), done, name
 
 
+def router_cell(args: tuple) -> tuple[float, bool]:
+    """One sweep cell of a routing task: ``(task, router spec, seed, overrides)`` -> (metric,
+    completed); the scenario's cluster with that router, every replica the scenario's scheduler."""
+    from llmsched_gym.cluster_sim import simulate_cluster
+
+    task, router, seed, overrides = args
+    s = simulate_cluster(task.scenario, router=router, seed=seed, overrides=overrides).summary
+    return metric_value(s, task.metric), _completed(s)
+
+
+def routers() -> list[str]:
+    """A routing task's references: every router at its defaults (:data:`baselines.routers.ROUTERS`)."""
+    from baselines.routers import ROUTERS
+
+    return list(ROUTERS)
+
+
 def hindsight_cell(args: tuple) -> tuple[float, dict[str, Any]]:
     """One sweep cell: ``(task, seed, overrides, start specs, sims)`` -> (value, details)."""
     from llmsched_gym.hindsight import hindsight
@@ -285,7 +322,7 @@ def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
     best = min(complete, key=lambda e: sign * mean(e)) if complete else None
     static = next((e for e in entries if e.kind == "static" and all(e.completed)), None)
     ref = next((e for e in entries if e.kind == "reference"), None)
-    fcfs = next((e for e in entries if e.kind == "baseline" and e.name == "fcfs"), None)
+    fcfs = next((e for e in entries if e.kind == "baseline" and e.name == task.zero), None)
     starts = {e.params.get("path"): e for e in entries if e.kind == "start"}
     rows = []
     for e in entries:
@@ -324,7 +361,7 @@ def score_task(task: Task, entries: list[Entry]) -> dict[str, Any]:
             "best_static": static.name if static else None, "best_static_mean": mean(static),
             "hindsight_mean": mean(ref), "headroom": headroom,
             "no_headroom": bool(np.isfinite(headroom) and headroom < NO_HEADROOM),
-            "fcfs_mean": mean(fcfs), "rows": rows}
+            "fcfs_mean": mean(fcfs), "zero": task.zero, "rows": rows}
 
 
 def _task_entrants(task: Task, refs: list[str], chosen: dict | None, chosen_on: str, policies: list[str | dict],
@@ -339,6 +376,15 @@ def _task_entrants(task: Task, refs: list[str], chosen: dict | None, chosen_on: 
 
     name = task.name
     entrants: list[_Entrant] = []
+    if task.routing:  # routers, the best of them on the validation seed; no agent machinery for routing yet
+        entrants += [_Entrant(task, "baseline", r, r, {}) for r in routers()]
+        if chosen is not None:
+            entrants.append(_Entrant(task, "static", chosen, chosen, {"chosen_on": f"{chosen_on} seed {VALIDATION_SEED}"}))
+        for spec in policies:
+            skip(name, _policy_label(spec), "a replica scheduler, not a router (this task scores routers)")
+        for path in agents:
+            skip(name, str(path), "routing agents (LLMSchedCluster-v0) are not trained by llmsched train yet")
+        return entrants
     for ref in refs:
         ok, why = applicable(ref, task.information)
         if ok:
@@ -443,7 +489,8 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     entrants: list[_Entrant] = []
     for name in names:
         chosen = static.get(chooser[name])
-        top = results["static_family"][chooser[name]]["top"] if sims and chosen is not None else None
+        routing = by_name[name].routing  # no search over routings: the reference is the routers' floor
+        top = results["static_family"][chooser[name]]["top"] if sims and chosen is not None and not routing else None
         entrants += _task_entrants(by_name[name], refs, chosen, chooser[name], policies, agents or [], best_model,
                                    sims, top, skip)
     cells: list[Cell] = []
@@ -456,12 +503,15 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     for name in names:
         task = by_name[name]
         entries = _entries(name, [e for e in entrants if e.task.name == name], outcomes, skip)
+        if task.routing and entries:
+            entries.append(Entry("hindsight", "reference", [math.inf] * len(seeds), [True] * len(seeds),
+                                 {"search": "none: per test workload the best router's run"}))
         _hindsight_floor(task, entries)
         results["tasks"][name] = score_task(task, entries)
         # a trace task on a clone without the trace runs its synthetic stand-in: the leaderboard says so
         overrides = {**task.overrides, **(task.quick_overrides if quick else {})}
-        results["tasks"][name]["workload_source"] = build_scenario(get_scenario(task.scenario, overrides),
-                                                                   seeds[0])[0].meta.get("workload_source")
+        spec = {k: v for k, v in get_scenario(task.scenario, overrides).items() if k != "cluster"}  # its requests
+        results["tasks"][name]["workload_source"] = build_scenario(spec, seeds[0])[0].meta.get("workload_source")
         if progress:
             r = results["tasks"][name]
             progress(f"{name}{synthetic_note(r.get('workload_source'))} ({task.information}): hindsight {r['hindsight_mean']:.4g}, best static heuristic "
@@ -476,9 +526,11 @@ def _choose_static(tasks: list[Task], family: Callable[[str], list[dict]], quick
                    results: dict[str, Any]) -> dict[str, dict]:
     """Each task's best static heuristic: the family member with the best metric on the validation
     seed among those that complete every request (the scores are kept in ``results``)."""
-    specs = {t.name: _quick_family(family(t.information)) if quick else family(t.information) for t in tasks}
+    specs: dict[str, list] = {t.name: routers() if t.routing else _quick_family(family(t.information)) if quick
+                              else family(t.information) for t in tasks}
     cells = [Cell(f"{t.name}: {_policy_label(s)} seed {VALIDATION_SEED}",
-                  ("policy", (t, s, VALIDATION_SEED, {**t.overrides, **(t.quick_overrides if quick else {})})))
+                  ("router" if t.routing else "policy",
+                   (t, s, VALIDATION_SEED, {**t.overrides, **(t.quick_overrides if quick else {})})))
              for t in tasks for s in specs[t.name]]
     outcomes = run_cells(cells, _run_cell, settings, label="benchmark: static family on the validation seed")
     chosen: dict[str, dict] = {}
@@ -553,6 +605,8 @@ def _cell(e: _Entrant, seed: int, quick: bool, best: bool, sims: int, extra: dic
         args = ("agent", (e.task, e.spec, "start", seed, overrides))
     elif e.kind == "reference":
         args = ("reference", (e.task, seed, overrides, e.spec, sims))
+    elif e.task.routing:
+        args = ("router", (e.task, e.spec, seed, overrides))
     else:
         args = ("policy", (e.task, e.spec, seed, overrides))
     return Cell(f"{e.task.name}: {e.label} seed {seed}", args)
@@ -564,6 +618,8 @@ def _run_cell(args: tuple) -> tuple:
         return agent_cell(rest)
     if kind == "reference":
         return hindsight_cell(rest)
+    if kind == "router":
+        return router_cell(rest)
     return policy_cell(rest)
 
 
@@ -576,6 +632,12 @@ def _paired_cell(row: dict[str, Any], key: str, ci: str, verdict: str) -> str:
         return "-"
     half = row.get(ci, math.nan)
     return f"{100 * row[key]:+.1f}% ± {100 * half:.1f}% {row[verdict]}" if np.isfinite(half) else f"{100 * row[key]:+.1f}%"
+
+
+ROUTING_NOTE = ("A routing task: the entrants are routers (each at its defaults) in front of the scenario's "
+                "replicas; the best static heuristic is the best router on the validation seed; hindsight is, per "
+                "test workload, the best router's run (no search over routings: a floor, so the headroom is a lower "
+                "bound); normalised 0 = round-robin.")
 
 
 def summary_table(results: dict[str, Any]) -> list[str]:
@@ -618,9 +680,10 @@ def leaderboard(results: dict[str, Any]) -> str:
         tag = synthetic_note(r.get("workload_source"))
         lines += [f"## {name}{tag} ({t['label']}, {'lower' if t['lower_is_better'] else 'higher'} is better)", "",
                   f"Information: **{r['information']}**. {t.get('why', '')}".rstrip() + ".", "",
+                  *([ROUTING_NOTE, ""] if t.get("routing") else []),
                   f"Hindsight {r['hindsight_mean']:.4g}; best static heuristic **{r['best_static']}** "
                   f"({r['best_static_mean']:.4g}); best baseline **{r['best_baseline']}** ({r['best_baseline_mean']:.4g}); "
-                  f"fcfs {r['fcfs_mean']:.4g}; headroom {_pct(r['headroom'])}"
+                  f"{r.get('zero', 'fcfs')} {r['fcfs_mean']:.4g}; headroom {_pct(r['headroom'])}"
                   + (" (no headroom)." if r.get("no_headroom") else "."), "",
                   *note, "| entrant | kind | mean ± 95% CI | vs best baseline | vs best static | normalised |",
                   "|---|---|---|---|---|---|"]
