@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from llmsched_gym.core.engine import REJECTED, WAITING
-from llmsched_gym.core.request import ONLINE
+from llmsched_gym.core.request import ONLINE, Workload
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, Scheduler
 
 from .base import PolicyError, configure, register
@@ -176,8 +176,6 @@ class _Batch:
 class EchoFamily(Scheduler):
     """Shared machinery of the four Echo policies; subclasses set the three axes."""
 
-    grows = False  # per-request arrays sized at the start (no cluster replica)
-
     use_estimator: ClassVar[bool] = True
     greedy: ClassVar[bool] = False
     task_aware: ClassVar[bool] = False
@@ -230,13 +228,8 @@ class EchoFamily(Scheduler):
 
     def _setup(self, view: EngineView) -> None:
         self._ready = True
-        wl = view.workload
         self._kv: KVCache = view.kv
-        self._cls = wl.task_class
-        self._ttft = wl.ttft_slo_s
-        self._tpot = wl.tpot_slo_s
-        self._prefix = wl.prefix
-        self._prompt = wl.prompt_tokens
+        self._rebind(view.workload)
         if self.use_estimator:
             if self.estimator == "exact":
                 self._est: BatchTimeEstimator | ExactEstimator = ExactEstimator(view.latency)
@@ -246,10 +239,22 @@ class EchoFamily(Scheduler):
             self._pred = OnlineKVPredictor(self.window_s, self.k_sigma)
             self._kv.set_eviction_priority(self._priority)
 
+    def _rebind(self, wl: Workload) -> None:
+        """The per-request rows this policy reads: the workload's, once at the start of a one-engine
+        run; again whenever a request beyond them arrives at a replica of a cluster, whose workload
+        grows as requests are routed to it (:meth:`Engine.extend`)."""
+        self._cls = wl.task_class
+        self._ttft = wl.ttft_slo_s
+        self._tpot = wl.tpot_slo_s
+        self._prefix = wl.prefix
+        self._prompt = wl.prompt_tokens
+
     # ---- hooks ----------------------------------------------------------------------------
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
         if not self._ready:
             self._setup(view)
+        elif req_id >= len(self._cls):
+            self._rebind(view.workload)
         if self._cls[req_id] == ONLINE:
             self._online.append(req_id)
         else:

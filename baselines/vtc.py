@@ -183,8 +183,6 @@ class _FreeNow:
 class _FairAdmission(Scheduler):
     """Per-client FIFO queues and the LightLLM admission loop; subclasses choose the client."""
 
-    grows = False  # per-request arrays sized at the start (no cluster replica)
-
     params = ADMISSION_PARAMS
 
     def __init__(self, **kwargs: Any) -> None:
@@ -215,6 +213,20 @@ class _FairAdmission(Scheduler):
         cap = self.batch_max_tokens
         self._batch_cap = max(view.kv_capacity // 6, 3072) if cap == -1 else cap
         self._ready = True
+
+    def _arrived(self, req_id: int, view: EngineView) -> None:
+        """Set up at the first arrival; then follow a workload that grows while the run goes on
+        (a replica of a cluster learns of its requests when they are routed to it,
+        :meth:`Engine.extend`): a request beyond the rows known so far refreshes the per-request
+        references and lengthens this policy's own arrays (:meth:`_grow`). A one-engine run
+        knows every request from the start and never grows."""
+        if not self._ready:
+            self._setup(view)
+        elif req_id >= len(self._client):
+            self._grow(view)
+
+    def _grow(self, view: EngineView) -> None:
+        self._client = view.workload.client
 
     @property
     def waiting_clients(self) -> set[int]:
@@ -266,8 +278,7 @@ class _FairAdmission(Scheduler):
         return 0.0
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
-        if not self._ready:
-            self._setup(view)
+        self._arrived(req_id, view)
         self._enqueue(req_id)
         return True
 
@@ -375,15 +386,23 @@ class _CounterPolicy(_FairAdmission):
         self._cq = np.zeros(n)  # output tokens charged so far (or predicted up front)
         self._charged = np.zeros(n, dtype=bool)
 
+    def _grow(self, view: EngineView) -> None:
+        super()._grow(view)
+        self._n_p = view.prompt_tokens
+        n = len(view.workload)
+        if n > len(self._cq):  # doubling: O(1) amortised per request
+            cap = max(n, 2 * len(self._cq))
+            self._cq = np.concatenate([self._cq, np.zeros(cap - len(self._cq))])
+            self._charged = np.concatenate([self._charged, np.zeros(cap - len(self._charged), dtype=bool)])
+
     def _predict(self, rid: int, view: EngineView) -> int:
         """Output tokens charged at admission (0: plain VTC charges output as it is generated)."""
         return 0
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
-        if not self._ready:
-            self._setup(view)
-        elif self._n_queued != len(view.waiting):
-            self._sync(view)  # the env's meta mode: whether the client waits, and the lift target
+        if self._ready and self._n_queued != len(view.waiting):
+            self._sync(view)
+        self._arrived(req_id, view)  # the env's meta mode: whether the client waits, and the lift target
         c = int(self._client[req_id])
         if not self._queue[c]:
             self._lift(c)
@@ -563,8 +582,7 @@ class RPM(_FairAdmission):
         self._refused: list[int] = []
 
     def on_arrival(self, req_id: int, view: EngineView) -> bool:
-        if not self._ready:
-            self._setup(view)
+        self._arrived(req_id, view)
         if self.limit:
             t = float(view.arrival_s[req_id])
             acc = self._accepted[int(self._client[req_id])]
