@@ -176,6 +176,8 @@ class _Batch:
 class EchoFamily(Scheduler):
     """Shared machinery of the four Echo policies; subclasses set the three axes."""
 
+    receives = False  # per-request state starts at on_arrival: no decode replica of a disaggregated cluster
+
     use_estimator: ClassVar[bool] = True
     greedy: ClassVar[bool] = False
     task_aware: ClassVar[bool] = False

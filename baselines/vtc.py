@@ -183,6 +183,8 @@ class _FreeNow:
 class _FairAdmission(Scheduler):
     """Per-client FIFO queues and the LightLLM admission loop; subclasses choose the client."""
 
+    receives = False  # per-request state starts at on_arrival: no decode replica of a disaggregated cluster
+
     params = ADMISSION_PARAMS
 
     def __init__(self, **kwargs: Any) -> None:

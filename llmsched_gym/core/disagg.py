@@ -223,6 +223,10 @@ class DisaggCluster:
             if not rep.scheduler.grows:
                 raise ConfigError(f"pools.{roles[r]}.policy: {rep.scheduler.name!r} keeps per-request arrays sized "
                                   "when it starts; pick another policy (fcfs, vllm-v1, sarathi, sjf, ...)")
+            if roles[r] != "prefill" and not rep.scheduler.receives:
+                raise ConfigError(f"pools.{roles[r]}.policy: {rep.scheduler.name!r} keeps per-request arrays set up "
+                                  "when a request arrives, and a decode replica receives its requests running; pick "
+                                  "another policy for this pool (fcfs, vllm-v1, sarathi, sjf, ...)")
         self.workload, self.replicas, self.roles = workload, list(replicas), list(roles)
         self.router, self.seed = router, seed
         self.link = TransferModel(transfer)

@@ -274,6 +274,10 @@ class Scheduler:
     grows: ClassVar[bool] = True
     """False for a policy that keeps per-request arrays sized when it starts: it cannot serve a
     replica of a cluster, whose requests arrive at run time (:meth:`Engine.extend`)."""
+    receives: ClassVar[bool] = True
+    """False for a policy whose per-request state starts in :meth:`on_arrival`: it cannot decode
+    the requests a decode replica of a disaggregated cluster receives running
+    (:meth:`Engine.receive`, which calls no arrival hook)."""
 
     def reset(self, config: EngineConfig, rng: np.random.Generator) -> None:
         """Called once before a run; ``rng`` is the policy's own seeded stream."""
