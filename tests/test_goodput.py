@@ -245,11 +245,16 @@ def test_cli_goodput_prints_the_table_and_the_answer(tmp_path, capsys):
     (["--slo", "ttft=1", "--gpus", "4"], "error: --gpus/--tp: only with --placement"),
     (["--slo", "ttft=1", "--placement"], "error: --placement: give the GPU budget with --gpus N"),
     ([], "error: --slo: the scenario has no slo section"),
+    (["--slo", "ttft=1", "--start-rate", "-1"], "error: --start-rate: expected a rate > 0 (req/s), got -1.0"),
+    (["--slo", "ttft=1", "--placement", "--gpus", "1"], "error: --gpus: expected an integer in 2..1024"),
+    (["--slo", "ttft=1", "--placement", "--gpus", "4", "--tp", "3"],
+     "error: --tp: no batch-time model at tensor-parallel degree 3; allowed: 1"),
+    (["--slo", "ttft=1", "--policy", "nope"], "error: policy: unknown 'nope'"),
 ])
 def test_cli_goodput_errors_are_one_line(argv, message, capsys):
     rc = main(["goodput", "--scenario", "azure-conv", *argv])
-    err = capsys.readouterr().err
-    assert rc == 2 and err.startswith(message) and err.count("\n") == 1
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.startswith(message) and err.count("\n") == 1 and out == ""
 
 
 def test_a_cluster_scenario_runs_its_section_unless_told_otherwise():

@@ -75,15 +75,22 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         raise ConfigError(f"--requests: expected an integer in 2..10,000,000, got {args.requests}")
     if not 0 < args.tol <= 1:
         raise ConfigError(f"--tol: expected a fraction in (0, 1], got {args.tol}")
+    if args.start_rate is not None and not (0 < args.start_rate < float("inf")):
+        raise ConfigError(f"--start-rate: expected a rate > 0 (req/s), got {args.start_rate}")
     seeds = _seeds(args.seeds)
     serving, slo = _serving(args)
     if args.placement:
         return _placement(args, serving, slo, seeds, t0)
     if args.gpus is not None or args.tp:
         raise ConfigError("--gpus/--tp: only with --placement")
-    print(f"{serving.name()} on {args.scenario}: {serving.gpus()} GPU(s); SLO {_slo_text(slo)} for "
-          f"{args.attainment:.0%} of requests; seeds {seeds}, {args.requests or 'the scenario'} requests per run")
-    res = find_goodput(serving, slo, args.attainment, seeds, args.requests, args.tol, args.start_rate)
+    header = [f"{serving.name()} on {args.scenario}: {serving.gpus()} GPU(s); SLO {_slo_text(slo)} for "
+              f"{args.attainment:.0%} of requests; seeds {seeds}, {args.requests or 'the scenario'} requests per run"]
+
+    def first(_: Any) -> None:  # the header once the first run went through (a bad setting is one line)
+        if header:
+            print(header.pop(), flush=True)
+
+    res = find_goodput(serving, slo, args.attainment, seeds, args.requests, args.tol, args.start_rate, progress=first)
     print(res.table())
     if res.note:
         print(f"note: {res.note}")
@@ -95,19 +102,26 @@ def cmd_goodput(args: argparse.Namespace) -> int:
 
 
 def _placement(args: argparse.Namespace, serving: Any, slo: dict[str, float], seeds: list[int], t0: float) -> int:
-    from llmsched_gym.placement import search_placement
+    from llmsched_gym.placement import candidates, search_placement
 
     if args.gpus is None:
         raise ConfigError("--placement: give the GPU budget with --gpus N")
+    candidates(args.gpus, [1])  # checks the budget
     tps = None
     if args.tp:
         try:
             tps = sorted({int(t) for t in args.tp.split(",") if t.strip()})
         except ValueError:
             raise ConfigError(f"--tp: expected degrees separated by commas (e.g. 1,2,4), got {args.tp!r}") from None
-    print(f"placement of {args.gpus} GPUs on {args.scenario}: SLO {_slo_text(slo)} for {args.attainment:.0%} of "
-          f"requests; seeds {seeds}, {args.requests or 'the scenario'} requests per run")
-    say = None if args.quiet else (lambda c, r: print(f"  {c.label()}: {r.per_gpu:.4g} req/s per GPU", flush=True))
+    header = [f"placement of {args.gpus} GPUs on {args.scenario}: SLO {_slo_text(slo)} for {args.attainment:.0%} of "
+              f"requests; seeds {seeds}, {args.requests or 'the scenario'} requests per run"]
+
+    def say(c: Any, r: Any) -> None:  # the header once the first candidate ran (a bad setting is one line)
+        if header:
+            print(header.pop(), flush=True)
+        if not args.quiet:
+            print(f"  {c.label()}: {r.per_gpu:.4g} req/s per GPU", flush=True)
+
     res = search_placement(serving, slo, args.gpus, args.attainment, tuple(seeds), args.requests, tps, args.tol,
                            progress=say, colocated=not args.no_colocated)
     print(res.table())
