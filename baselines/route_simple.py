@@ -13,6 +13,7 @@ class RandomRouter(Router):
     """Each request to a replica drawn uniformly at random (the router's own seeded stream)."""
 
     name = "random"
+    reads_load = False
 
     def route(self, rid: int, view: ClusterView) -> int:
         return int(self.rng.integers(self.n_replicas))
@@ -22,6 +23,7 @@ class RoundRobin(Router):
     """Request ``k`` (in arrival order) to replica ``k mod N``, as Vidur's ``RoundRobinGlobalScheduler``."""
 
     name = "round-robin"
+    reads_load = False
 
     def reset(self, n_replicas: int, rng: np.random.Generator) -> None:
         super().reset(n_replicas, rng)

@@ -67,6 +67,10 @@ class Router:
 
     name: ClassVar[str] = "router"
     params: ClassVar[dict[str, Any]] = {}
+    reads_load: ClassVar[bool] = True
+    """False for a load-blind router (its choice never depends on the view: random, round-robin):
+    :meth:`Cluster.run` then routes every request at once and runs each replica alone to its end,
+    which gives the same result as routing window by window, at a plain engine's cost."""
 
     def __init__(self, **params: Any) -> None:
         unknown = set(params) - set(self.params)
@@ -272,6 +276,9 @@ class Cluster:
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         """Route every arrival with the router and run every replica to the end."""
+        if not getattr(self.router, "reads_load", True) and len(self.engines) > 1:
+            self._run_blind()
+            return
         steps, route, view = self.decisions(), self.router.route, self.view
         try:
             rid = next(steps)
@@ -279,6 +286,41 @@ class Cluster:
                 rid = steps.send(route(rid, view))
         except StopIteration:
             pass
+
+    def _run_blind(self) -> None:
+        """A load-blind router's run: every request (up to the horizon) routed in arrival order,
+        each replica given its requests at once and run alone (no window stepping)."""
+        wl, engines, view, route = self.workload, self.engines, self.view, self.router.route
+        horizon = min((e.config.horizon_s for e in engines if e.config.horizon_s is not None), default=math.inf)
+        arrival = wl.arrival_s
+        n = int(np.searchsorted(arrival, horizon, side="right"))
+        batches: list[list[int]] = [[] for _ in engines]
+        for rid in range(n):
+            view.now = float(arrival[rid])
+            batches[self._place(rid, route(rid, view))].append(rid)
+        for r, (e, b) in enumerate(zip(engines, batches, strict=True)):
+            if b:
+                e.extend(self._rows[r].add(b))
+            e.more_from = None
+            e.run()
+        self.done = True
+
+    def _place(self, rid: int, r: Any) -> int:
+        """Record that ``rid`` goes to replica ``r`` (checked) in the placement and the view."""
+        view = self.view
+        n_rep = view.n_replicas
+        if not (isinstance(r, int | np.integer) and not isinstance(r, bool) and 0 <= r < n_rep):
+            raise ConfigError(f"router {self.router.name!r}: route({rid}) returned {r!r}, "
+                              f"not a replica in 0..{n_rep - 1}")
+        r = int(r)
+        self.placement[rid] = r
+        view.waiting[r] += 1
+        view.outstanding[r] += 1
+        view.routed[r] += 1
+        view.waiting_tokens[r] += int(self.workload.prompt_tokens[rid])
+        for h in self._hashers.values():  # the router has read its hashes: memory follows the live requests
+            h.forget(rid)
+        return r
 
     def decisions(self) -> Generator[int, int, None]:
         """The run as a generator: it yields the global id of each request to route (the view is
@@ -297,7 +339,7 @@ class Cluster:
             return
         arrival = wl.arrival_s.tolist()
         horizon = min((e.config.horizon_s for e in engines if e.config.horizon_s is not None), default=math.inf)
-        view, prompt, n_rep = self.view, wl.prompt_tokens, len(engines)
+        view, n_rep = self.view, len(engines)
         i = 0
         while i < n and arrival[i] <= horizon:
             t = arrival[i]
@@ -319,16 +361,7 @@ class Cluster:
             batches: list[list[int]] = [[] for _ in range(n_rep)]
             for rid in range(i, j):
                 r = yield rid
-                if not (isinstance(r, int | np.integer) and not isinstance(r, bool) and 0 <= r < n_rep):
-                    raise ConfigError(f"router {self.router.name!r}: route({rid}) returned {r!r}, "
-                                      f"not a replica in 0..{n_rep - 1}")
-                r = int(r)
-                self.placement[rid] = r
-                batches[r].append(rid)
-                view.waiting[r] += 1
-                view.outstanding[r] += 1
-                view.routed[r] += 1
-                view.waiting_tokens[r] += int(prompt[rid])
+                batches[self._place(rid, r)].append(rid)
             for r, b in enumerate(batches):
                 if b:
                     engines[r].extend(self._rows[r].add(b))

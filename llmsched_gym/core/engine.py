@@ -915,6 +915,10 @@ class Engine:
         if self._hook_finish:
             for rid in ids:
                 self.scheduler.on_finish(rid, self.view)
+        if self.kv.enabled:  # their block-hash lists are not needed any more (memory)
+            forget = self.kv.forget
+            for rid in ids:
+                forget(rid)
 
     # ---- fast-forward -------------------------------------------------------------------------
     def _fast_forward(self, ds: _DecodeSet) -> bool:

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from llmsched_gym.core.request import Workload
 
 
+_SHARED_PREFIXES = 4096
+"""Hash lists kept by segment tuple for requests whose prompts have the same prefix segments
+(the most recently used ones; older ones are recomputed when asked, with equal values)."""
+
+
 class KVCache:
     """Block accounting for one worker.
 
@@ -62,8 +67,8 @@ class KVCache:
         self.cap_prompt_minus_one = cap_prompt_minus_one
         self._prefix = workload.prefix
         self._prompt = workload.prompt_tokens
-        self._hashes: dict[int, list[int]] = {}
-        self._by_segments: dict[tuple, list[int]] = {}
+        self._hashes: dict[int, list[int]] = {}  # live requests' block hashes (dropped by forget)
+        self._by_segments: OrderedDict[tuple, list[int]] = OrderedDict()  # recent prefixes, shared
         self._ref: dict[int, int] = {}
         self._idle: OrderedDict[int, None] = OrderedDict()
         self._held: dict[int, list[int]] = {}
@@ -111,6 +116,7 @@ class KVCache:
             # requests with the same segments share one (read-only) hash list
             h = self._by_segments.get(segs) if segs else None
             if h is not None:
+                self._by_segments.move_to_end(segs)
                 self._hashes[rid] = h
                 return h
             h = []
@@ -133,8 +139,15 @@ class KVCache:
                             pieces.clear()
                             fill = 0
                 self._by_segments[segs] = h
+                if len(self._by_segments) > _SHARED_PREFIXES:
+                    self._by_segments.popitem(last=False)
             self._hashes[rid] = h
         return h
+
+    def forget(self, rid: int) -> None:
+        """``rid`` has ended: drop its block-hash list (memory then follows the live requests;
+        asked again, the list is recomputed, equal)."""
+        self._hashes.pop(rid, None)
 
     def match_blocks(self, rid: int) -> int:
         if not self.enabled:
