@@ -17,7 +17,12 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
 * vidur: LOR vs round-robin on the azure-conv trace at rising load (time_scale), 4 replicas.
 * speed: CPU time per request (process time) at N replicas with N times the arrival rate of one
   (``--rate-per-replica``, default 8/s; 150 groups of 1,000-token system prompts, 200-token
-  questions and outputs), and the peak memory of the process.
+  questions and outputs; vLLM v1 replicas of the ``mooncake-conv`` scenario), wall time and the
+  peak memory (RSS) of the process. ``--per-replica P`` gives every replica the same workload
+  (N x P requests), so the cost per request at N replicas compares with one replica's. The scale
+  run of issue 28 (64 replicas, 1M requests, one core):
+
+      nice -n 10 python tools/cluster_bench.py speed --replicas 64 --requests 1000000 --router lor
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ import argparse
 import json
 import resource
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
-from llmsched_gym.cluster_sim import simulate_cluster
+from llmsched_gym.cluster_sim import make_cluster, simulate_cluster
 from llmsched_gym.core.sessions import prefix_groups
 
 
@@ -80,13 +86,18 @@ def vidur(args) -> None:
 
 def speed(args) -> None:
     for n in args.replicas:
-        wl = prefix_groups(args.requests, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
-        t0 = time.process_time()
-        r = simulate_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
-                             refresh_s=args.refresh_s)
-        cpu = time.process_time() - t0
-        _row("speed", r, replicas=n, router=args.router, cpu_s=round(cpu, 1),
-             cpu_us_per_request=round(1e6 * cpu / len(wl), 1),
+        total = args.per_replica * n if args.per_replica else args.requests
+        wl = prefix_groups(total, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
+        w0, c0 = time.perf_counter(), time.process_time()
+        cluster, _ = make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
+                                  refresh_s=args.refresh_s)
+        cluster.run()
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        s = cluster.summary("speed", "vllm-v1", wall)
+        _row("speed", SimpleNamespace(summary=s), replicas=n, router=args.router, refresh_s=args.refresh_s,
+             cpu_s=round(cpu, 1), cpu_us_per_request=round(1e6 * cpu / len(wl), 1),
+             requests_per_cpu_s=round(len(wl) / cpu), requests_per_wall_s=round(len(wl) / wall),
+             iterations=s["iterations"],
              peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
 
 
@@ -97,7 +108,9 @@ def main() -> None:
     p.add_argument("--qps", type=float, nargs="+", default=[5.0, 15.0, 30.0, 60.0])
     p.add_argument("--requests-per-level", type=int, default=2400)
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--requests", type=int, default=20000)
+    p.add_argument("--requests", type=int, default=20000, help="speed: requests in all (see --per-replica)")
+    p.add_argument("--per-replica", type=int, default=0,
+                   help="speed: requests per replica (N replicas get N times as many; 0: --requests in all)")
     p.add_argument("--router", default="round-robin")
     p.add_argument("--rate-per-replica", type=float, default=8.0)
     p.add_argument("--kv-tokens", type=int, default=0,
