@@ -72,12 +72,16 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
                  replica_overrides: dict[int, dict[str, Any]] | None = None,
                  workload: Workload | None = None, pools: dict[str, dict[str, Any]] | None = None,
                  transfer: dict[str, Any] | None = None,
-                 decider: str | dict[str, Any] = "always") -> tuple[Cluster | DisaggCluster, dict[str, Any]]:
+                 decider: str | dict[str, Any] = "always",
+                 migration: dict[str, Any] | None = None) -> tuple[Cluster | DisaggCluster, dict[str, Any]]:
     """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`) and the checked scenario; a
     :class:`DisaggCluster` with ``pools``."""
     spec = resolve_scenario(scenario, overrides)
     if pools is None and (transfer is not None or decider != "always"):
         raise ConfigError("cluster.transfer: transfer and decider apply to pools; give pools= as well")
+    if pools is not None and migration is not None:
+        raise ConfigError("cluster.migration: live migration runs between the replicas of one pool; "
+                          "it is not available with pools")
     if pools is None:
         c = cluster_settings(spec, router, n_replicas, router_params, refresh_s, replica_overrides)
         n_replicas = c["n_replicas"]
@@ -109,7 +113,7 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
                                                         explicit_engine_keys(overrides) | set(over.get("engine", {}))))
         lat = make_latency(over["latency"]) if "latency" in over else copy.deepcopy(latency)
         replicas.append(Replica(cfg, lat, sched))
-    return Cluster(workload, replicas, rt, seed=seed, refresh_s=c["refresh_s"]), spec
+    return Cluster(workload, replicas, rt, seed=seed, refresh_s=c["refresh_s"], migration=migration), spec
 
 
 def build_router(spec: str, params: dict[str, Any] | None = None, field: str = "cluster.router") -> Router:
@@ -239,7 +243,8 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
                      replica_overrides: dict[int, dict[str, Any]] | None = None,
                      workload: Workload | None = None, pools: dict[str, dict[str, Any]] | None = None,
                      transfer: dict[str, Any] | None = None,
-                     decider: str | dict[str, Any] = "always") -> ClusterResult:
+                     decider: str | dict[str, Any] = "always",
+                     migration: dict[str, Any] | None = None) -> ClusterResult:
     """Run ``scenario`` on ``n_replicas`` replicas of ``policy`` behind ``router``.
 
     Every cluster setting left ``None`` comes from the scenario's ``cluster:`` section (see
@@ -272,13 +277,16 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
     :param decider: which requests are disaggregated (:class:`~llmsched_gym.core.disagg.Decider`):
         ``"always"``, ``"never"``, ``{"kind": "prompt_len", "min": M}``, ``{"kind": "prefix_hit",
         "min_uncached": M}``.
+    :param migration: Llumnix's live migration between replicas (:class:`~llmsched_gym.core.cluster.Migration`
+        settings: ``interval_s``, ``threshold``, ``bandwidth_gb_s``, ``base_s``, ``tp``); ``None``: none
+        (not with ``pools``).
 
     With pools, ``router`` is a router name for both pools, ``{"prefill": name, "decode": name}``,
     or a :class:`~llmsched_gym.core.disagg.PairRouter`.
     """
     t0 = time.perf_counter()
     cluster, spec = make_cluster(scenario, policy, router, n_replicas, seed, overrides, router_params, refresh_s,
-                                 replica_overrides, workload, pools, transfer, decider)
+                                 replica_overrides, workload, pools, transfer, decider, migration)
     cluster.run()
     wall = time.perf_counter() - t0
     summary = cluster.summary(spec.get("name", "custom"), cluster.engines[0].scheduler.name, wall)

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.engine import Engine, EngineConfig
+from llmsched_gym.core.engine import MIGRATED, Engine, EngineConfig
 from llmsched_gym.core.information import CLAIRVOYANT, GuardedWorkload, information_of
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.latency import LatencyModel
@@ -50,6 +50,7 @@ from llmsched_gym.core.metrics import summarize
 from llmsched_gym.core.records import request_table
 from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scheduler import Scheduler
+from llmsched_gym.core.transfer import GB
 
 DEFAULT_REFRESH_S = 0.1
 """Load-signal refresh interval of the stale mode (vLLM publishes its metrics every 100 ms; BLIS
@@ -165,6 +166,12 @@ class ClusterView:
                 out[r] = min(m, cap) if kv.cap_prompt_minus_one else m
         return out
 
+    def freeness(self) -> np.ndarray:
+        """Per replica, Llumnix's freeness ``(M - sum V) / B`` (Sun et al., OSDI 2024, section 4.4):
+        KV capacity less the KV in use and the prompt tokens queued, per running request (at least
+        one), in tokens: roughly the decode steps the replica's batch can still take."""
+        return (self.kv_capacity - self.kv_used - self.waiting_tokens) / np.maximum(self.running, 1)
+
     def can_take(self, rid: int) -> np.ndarray:
         """Per replica: its KV capacity holds ``rid``'s prompt and output (else it would reject it)."""
         wl = self._c.workload
@@ -186,7 +193,9 @@ class _Rows:
         self.prefix: list | None = [] if wl.prefix is not None else None
         self.wl = wl
 
-    def add(self, gids: list[int]) -> Workload:
+    def add(self, gids: list[int], arrivals: list[float] | None = None) -> Workload:
+        """Append the rows of global ids ``gids`` (with ``arrivals`` instead of theirs: migrated
+        requests arrive when their KV transfer ends)."""
         n0, k = self.n, len(gids)
         n = n0 + k
         if n > len(self.gids):
@@ -197,6 +206,8 @@ class _Rows:
         self.gids[n0:n] = idx
         for f, b in self.bufs.items():
             b[n0:n] = getattr(self.wl, f)[idx]
+        if arrivals is not None:
+            self.bufs["arrival_s"][n0:n] = arrivals
         if self.prefix is not None:
             p = self.wl.prefix
             self.prefix.extend(p[g] for g in gids)
@@ -220,6 +231,65 @@ def _resized(a: np.ndarray, cap: int) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class Migration:
+    """Live migration of running requests between replicas (Sun et al., "Llumnix: Dynamic
+    Scheduling for Large Language Model Serving", OSDI 2024, sections 4.4 and 4.5).
+
+    Every ``interval_s`` of simulated time (Llumnix's ``--polling-interval``, 0.05 s) the replicas
+    are sorted by freeness ``F = (M - sum V) / B`` (:class:`ClusterView.freeness`: KV capacity
+    less the KV in use and the prompt tokens queued, per running request) and paired, the least
+    free with the freest, the second least free with the second freest, and so on; a pair whose
+    freeness gap exceeds ``threshold`` (tokens per running request) migrates one request from the
+    less free replica: its decoding request holding the least KV (Llumnix's default request
+    policy prefers short sequences: the least to copy) that the destination can hold now, unless
+    the move would leave the destination less free than the source (the request would come back).
+
+    The KV transfer (:mod:`llmsched_gym.core.transfer`: ``base_s`` plus the request's KV bytes,
+    ``kv_bytes_per_token`` of the source's engine settings, over ``bandwidth_gb_s`` on
+    ``min(tp, kv heads)`` links) is charged in the simple, single-stage form: the request leaves
+    the source at its iteration boundary (its KV freed there), makes no progress during the
+    transfer, holds its KV blocks on the destination from the start of the transfer, and joins
+    the destination's running set, decoding, when the transfer ends. Llumnix overlaps the copy
+    with decoding on the source (multi-stage migration: only the last stage, a few blocks, stops
+    the request), so its requests lose less time than ours and the source keeps the KV until the
+    last stage; both are departures of this model.
+    """
+
+    interval_s: float = 0.05
+    threshold: float = 1000.0
+    bandwidth_gb_s: float = 25.0
+    base_s: float = 5e-5
+    tp: int = 1
+
+    @classmethod
+    def of(cls, spec: Migration | dict[str, Any] | None) -> Migration | None:
+        """From ``{"interval_s": .., "threshold": .., "bandwidth_gb_s": .., "base_s": .., "tp": ..}``
+        (``None``: no migration); one-line errors name ``cluster.migration.<field>``."""
+        if spec is None or isinstance(spec, Migration):
+            return spec
+        if not isinstance(spec, dict):
+            raise ConfigError(f"cluster.migration: expected a mapping of migration settings, got {spec!r}")
+        allowed = [f for f in cls.__dataclass_fields__]
+        unknown = sorted(set(spec) - set(allowed))
+        if unknown:
+            raise ConfigError(f"cluster.migration.{unknown[0]}: unknown setting (allowed: {', '.join(allowed)})")
+        for key, ok, want in (("interval_s", lambda v: v > 0, " > 0"), ("threshold", lambda v: True, ""),
+                              ("bandwidth_gb_s", lambda v: v > 0, " > 0"), ("base_s", lambda v: v >= 0, " >= 0")):
+            v = spec.get(key, getattr(cls, key))
+            if not (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and ok(v)):
+                raise ConfigError(f"cluster.migration.{key}: expected a finite number{want}, got {v!r}")
+        tp = spec.get("tp", 1)
+        if not (isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1):
+            raise ConfigError(f"cluster.migration.tp: expected an integer >= 1, got {tp!r}")
+        return cls(**{k: (int(v) if k == "tp" else float(v)) for k, v in spec.items()})
+
+    def transfer_s(self, tokens: int, kv_bytes_per_token: int) -> float:
+        """Seconds to copy ``tokens`` tokens of KV."""
+        # core/transfer.py's model with the bytes per token of the engine settings: tp links in parallel
+        return self.base_s + int(tokens) * int(kv_bytes_per_token) / self.tp / (self.bandwidth_gb_s * GB)
+
+
 class Cluster:
     """N replicas behind a router (see the module docstring).
 
@@ -229,10 +299,12 @@ class Cluster:
     :param seed: seeds replica 0's engine as :class:`Engine` would (so one replica is the plain
         engine), the other replicas' engines from ``(seed, r)``, and the router's ``rng``.
     :param refresh_s: load-signal refresh interval (0 = exact, at every arrival).
+    :param migration: live migration between replicas (:class:`Migration` or its settings as a
+        dict; ``None``: none).
     """
 
     def __init__(self, workload: Workload, replicas: Sequence[Replica], router: Router, seed: int = 0,
-                 refresh_s: float = DEFAULT_REFRESH_S) -> None:
+                 refresh_s: float = DEFAULT_REFRESH_S, migration: Migration | dict[str, Any] | None = None) -> None:
         if not replicas:
             raise ConfigError("cluster.replicas: expected at least one replica, got none")
         if not (isinstance(refresh_s, int | float) and math.isfinite(refresh_s) and refresh_s >= 0):
@@ -259,6 +331,12 @@ class Cluster:
         self.view = ClusterView(self)
         router.reset(len(self.replicas), np.random.default_rng(np.random.SeedSequence([seed, 0x0A7E])))
         self._signals = [(0, 0, 0, 0)] * len(self.replicas)
+        self.migration = Migration.of(migration)
+        self.migrations = np.zeros(len(workload), dtype=np.int64)
+        """Times each request was migrated."""
+        self.migration_log: list[tuple[float, int, int, int, float]] = []
+        """Every migration: (start s, global id, source, destination, transfer s)."""
+        self._inflight: list[tuple[float, int, int, tuple]] = []  # (arrival at dst, gid, dst, moved)
         self.done = False
 
     @property
@@ -276,7 +354,7 @@ class Cluster:
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         """Route every arrival with the router and run every replica to the end."""
-        if not getattr(self.router, "reads_load", True) and len(self.engines) > 1:
+        if not getattr(self.router, "reads_load", True) and len(self.engines) > 1 and self.migration is None:
             self._run_blind()
             return
         steps, route, view = self.decisions(), self.router.route, self.view
@@ -339,37 +417,146 @@ class Cluster:
             return
         arrival = wl.arrival_s.tolist()
         horizon = min((e.config.horizon_s for e in engines if e.config.horizon_s is not None), default=math.inf)
-        view, n_rep = self.view, len(engines)
+        view, n_rep, mig = self.view, len(engines), self.migration
+        n_routed = bisect.bisect_right(arrival, horizon)
+        due = mig.interval_s if mig is not None else math.inf  # the next migration round
         i = 0
-        while i < n and arrival[i] <= horizon:
-            t = arrival[i]
-            if self.refresh_s > 0:  # the window [k, k + 1) * refresh_s holding t (robust to rounding)
-                dt = self.refresh_s
-                k = math.floor(t / dt)
-                if k * dt > t:
-                    k -= 1
-                if (k + 1) * dt <= t:
-                    k += 1
-                start = k * dt
-                j = max(bisect.bisect_left(arrival, (k + 1) * dt, lo=i), i + 1)
-            else:
-                start = t
-                j = bisect.bisect_right(arrival, t, lo=i)
-            j = min(j, bisect.bisect_right(arrival, horizon, lo=i))
-            self._advance(start)
-            view.now = start
+        start, j = self._window(arrival, 0, n_routed)
+        while True:
+            busy = mig is not None and self._busy(horizon)
+            if start == math.inf and not busy:
+                break
+            tick = self._grid(due) if busy else start if mig is not None else math.inf
+            at_tick = tick <= start
+            stop = tick if at_tick else start
+            if at_tick:
+                due = stop + mig.interval_s
+            self._advance(stop)
+            view.now = stop
+            if at_tick:
+                self._migrate(stop)
             batches: list[list[int]] = [[] for _ in range(n_rep)]
-            for rid in range(i, j):
-                r = yield rid
-                batches[self._place(rid, r)].append(rid)
-            for r, b in enumerate(batches):
-                if b:
-                    engines[r].extend(self._rows[r].add(b))
-            i = j
+            if stop == start:
+                for rid in range(i, j):
+                    r = yield rid
+                    batches[self._place(rid, r)].append(rid)
+                i = j
+                start, j = self._window(arrival, i, n_routed)
+            self._extend(batches, min(start, self._grid(due)) if mig is not None else start)
         for e in engines:
             e.more_from = None
             e.run()
         self.done = True
+
+    def _window(self, arrival: list[float], i: int, n: int) -> tuple[float, int]:
+        """The next routing point at or after request ``i`` and the end (exclusive) of its requests:
+        the start of the ``refresh_s`` window holding ``arrival[i]`` (robust to rounding), or the
+        arrival itself in exact mode; ``(inf, i)`` when no request is left to route."""
+        if i >= n:
+            return math.inf, i
+        t = arrival[i]
+        if self.refresh_s > 0:
+            dt = self.refresh_s
+            k = math.floor(t / dt)
+            if k * dt > t:
+                k -= 1
+            if (k + 1) * dt <= t:
+                k += 1
+            return k * dt, min(max(bisect.bisect_left(arrival, (k + 1) * dt, lo=i), i + 1), n)
+        return t, min(bisect.bisect_right(arrival, t, lo=i), n)
+
+    def _grid(self, t: float) -> float:
+        """``t``, or in the stale mode the first window start at or after it (migration rounds
+        happen at routing points, so that every replica's requests stay in arrival order)."""
+        if self.refresh_s <= 0 or t == math.inf:
+            return t
+        dt = self.refresh_s
+        k = math.ceil(t / dt)
+        if (k - 1) * dt >= t:
+            k -= 1
+        if k * dt < t:
+            k += 1
+        return k * dt
+
+    def _busy(self, horizon: float) -> bool:
+        """Some replica still has work (migration goes on until none has) or a transfer is in flight."""
+        return bool(self._inflight) or any(
+            not e.done and (e.waiting or e.running or e.next_idx < e.n) and e.clock < horizon for e in self.engines)
+
+    def _extend(self, batches: list[list[int]], until: float) -> None:
+        """Give each replica the requests routed to it now and the migrated requests whose transfer
+        ends before ``until`` (the next stop), in arrival order."""
+        engines, rows = self.engines, self._rows
+        arrive: list[list[tuple[float, int, int, tuple | None]]] | None = None
+        if self._inflight:
+            due = [x for x in self._inflight if x[0] < until]
+            if due:
+                self._inflight = [x for x in self._inflight if x[0] >= until]
+                arrive = [[] for _ in engines]
+                for t, g, d, moved in due:
+                    arrive[d].append((t, 1, g, moved))
+        for r, b in enumerate(batches):
+            if arrive is None or not arrive[r]:
+                if b:
+                    engines[r].extend(rows[r].add(b))
+                continue
+            arr = self.workload.arrival_s
+            items = sorted([(float(arr[g]), 0, g, None) for g in b] + arrive[r], key=lambda x: (x[0], x[1]))
+            n0 = engines[r].n
+            engines[r].extend(rows[r].add([x[2] for x in items], [x[0] for x in items]))
+            for k, (_, _, _, moved) in enumerate(items):
+                if moved is not None:
+                    engines[r].migrate_in(n0 + k, moved)
+
+    def _migrate(self, now: float) -> None:
+        """One migration round (see :class:`Migration`): pair the replicas by freeness and move one
+        decoding request per pair whose gap exceeds the threshold."""
+        mig, view, engines = self.migration, self.view, self.engines
+        free = view.freeness()
+        order = np.argsort(free, kind="stable")
+        for a in range(len(engines) // 2):
+            s, d = int(order[a]), int(order[-1 - a])
+            if free[d] - free[s] <= mig.threshold:
+                break
+            src, dst = engines[s], engines[d]
+            dkv = dst.kv
+            best = None
+            for rid in src.running:
+                if (src.prefilled[rid] < src.prefill_target[rid] or src.swapped[rid]
+                        or src.generated[rid] + 1 > src._output[rid]):
+                    continue
+                k = int(src.kv_tokens[rid])
+                if best is None or k < best[1]:
+                    best = (rid, k)
+            if best is None:
+                continue
+            rid, k = best
+            g = int(self._rows[s].gids[rid])
+            need = dkv.blocks(k)
+            whole = dkv.blocks(int(self.workload.prompt_tokens[g]) + int(self.workload.output_tokens[g]))
+            if whole > dkv.capacity_blocks or dkv.used_blocks + need > dkv.capacity_blocks:
+                continue
+            # the move must not swap the pair's order (else the request would come back next round)
+            after_s = (view.kv_capacity[s] - view.kv_used[s] + src.kv.blocks(k) * src.kv.block_size
+                       - view.waiting_tokens[s]) / max(int(view.running[s]) - 1, 1)
+            after_d = (view.kv_capacity[d] - view.kv_used[d] - need * dkv.block_size
+                       - view.waiting_tokens[d]) / (int(view.running[d]) + 1)
+            if after_d < after_s:
+                continue
+            dkv.make_room(need)
+            dkv.used_blocks += need  # the destination holds the KV from the start of the transfer
+            used_before = src.kv.used_tokens
+            moved = src.migrate_out(rid)
+            t0 = max(now, src.clock)
+            dur = mig.transfer_s(k, src.config.kv_bytes_per_token)
+            self._inflight.append((t0 + dur, g, d, moved))
+            self.placement[g] = d
+            self.migrations[g] += 1
+            self.migration_log.append((t0, g, s, d, dur))
+            view.running[s] -= 1
+            view.outstanding[s] -= 1
+            view.kv_used[s] -= used_before - src.kv.used_tokens
+            view.kv_used[d] += need * dkv.block_size
 
     def _advance(self, limit: float) -> None:
         """Run every replica up to its first iteration boundary at or after ``limit`` (or until it
@@ -385,10 +572,14 @@ class Cluster:
             if sig is None or e.clock <= limit:  # at a boundary (or paused): the state as it is
                 sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
             pending = e.n - e.next_idx  # routed here, not yet arrived in the engine
+            queued = int(e._prompt_cum[e.n] - e._prompt_cum[e.next_idx])
+            if e._incoming:  # migrated requests on their way arrive running, not queued
+                pending -= len(e._incoming)
+                queued -= sum(int(e._prompt[x]) for x in e._incoming)
             view.waiting[r] = sig[0] + pending
-            view.running[r] = sig[1]
+            view.running[r] = sig[1] + len(e._incoming)
             view.kv_used[r] = sig[2]
-            view.waiting_tokens[r] = sig[3] + int(e._prompt_cum[e.n] - e._prompt_cum[e.next_idx])
+            view.waiting_tokens[r] = sig[3] + queued
         view.outstanding[:] = view.waiting + view.running
 
     # ---- results --------------------------------------------------------------------------
@@ -419,12 +610,28 @@ class Cluster:
             "prefix_hit_tokens": int(hit),
             "replicas": [{k: p[k] for k in _REPLICA_KEYS if k in p} for p in per],
         }
+        if self.migration is not None:
+            log = self.migration_log
+            n_rep = len(engines)
+            out = np.bincount([x[2] for x in log], minlength=n_rep) if log else np.zeros(n_rep, dtype=np.int64)
+            into = np.bincount([x[3] for x in log], minlength=n_rep) if log else np.zeros(n_rep, dtype=np.int64)
+            for rep, a, b in zip(s["cluster"]["replicas"], out, into, strict=True):
+                rep["migrated_out"], rep["migrated_in"] = int(a), int(b)
+            s["cluster"]["migration"] = {
+                **{k: getattr(self.migration, k) for k in self.migration.__dataclass_fields__},
+                "migrations": len(log),
+                "migrated_requests": int(np.count_nonzero(self.migrations)),
+                "transfer_s_total": float(sum(x[4] for x in log)),
+                "transfer_s_mean": float(np.mean([x[4] for x in log])) if log else 0.0,
+            }
         return s
 
     def request_table(self) -> dict[str, np.ndarray]:
-        """Per-request records of every arrived request (global ids), with its ``replica``."""
+        """Per-request records of every arrived request (global ids), with its (last) ``replica``
+        and the times it was ``migrations``."""
         t = request_table(self.engines[0] if len(self.engines) == 1 else self.records())
         t["replica"] = self.placement[t["id"]]
+        t["migrations"] = self.migrations[t["id"]]
         return t
 
     def iteration_log(self) -> dict[str, np.ndarray]:
@@ -481,7 +688,8 @@ class _Merged:
             a = getattr(engines[0], name)
             out = np.zeros(n, dtype=a.dtype) if a.dtype != np.float64 else np.full(n, np.nan)
             for e, ids in zip(engines, c.ids, strict=True):
-                out[ids] = getattr(e, name)
+                keep = e.state != MIGRATED  # a migrated request's record is its last replica's
+                out[ids[keep]] = getattr(e, name)[keep]
             setattr(self, name, out)
         for name in _SUMMED:
             setattr(self, name, sum(getattr(e, name) for e in engines))

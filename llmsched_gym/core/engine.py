@@ -57,6 +57,8 @@ from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scheduler import BatchPlan, EngineView, PlanError, Scheduler
 
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
+MIGRATED = 5
+"""State of a request that left this engine by live migration (it finishes on another replica)."""
 
 __all__ = ["LOG_COLUMNS", "ConfigError", "Counters", "Engine", "EngineConfig"]
 
@@ -339,6 +341,7 @@ class Engine:
         self.stop_reason = ""
         self.done = False
         self.more_from: float | None = None  # see extend()
+        self._incoming: dict[int, tuple] = {}  # see migrate_in()
         self._bufs: dict[str, np.ndarray] = {}
         self._max_len = (int(workload.prompt_tokens.max()), int(workload.output_tokens.max())) if n else (0, 0)
         stall = config.stall_iterations
@@ -455,6 +458,46 @@ class Engine:
         self._ds = None
         return rid
 
+    # ---- live migration (the cluster level) -----------------------------------------------------
+    _MOVED = ("prefilled", "prefill_target", "generated", "kv_tokens", "first_scheduled_s", "first_token_s",
+              "preemptions", "recomputed_tokens", "cached_tokens")
+
+    def migrate_out(self, rid: int) -> tuple:
+        """Live migration's source side (:mod:`llmsched_gym.core.cluster`): running request ``rid``,
+        decoding (prefill complete, not swapped), leaves this engine now, at an iteration boundary.
+        Its KV is freed here (its prefix-cache blocks stay cached), its state becomes ``MIGRATED``
+        and the scheduler hears ``on_finish`` (the request is gone from its running set). Returns
+        what :meth:`migrate_in` needs on the destination (its progress and records)."""
+        moved = tuple(getattr(self, name)[rid].item() for name in self._MOVED)
+        self.running.remove(rid)
+        self._free(rid)
+        self.kv_tokens[rid] = 0
+        self.state[rid] = MIGRATED
+        if self.kv.enabled:
+            self.kv.forget(rid)
+        if self._hook_finish:
+            self.scheduler.on_finish(rid, self.view)
+        return moved
+
+    def migrate_in(self, rid: int, moved: tuple) -> None:
+        """Live migration's destination side: local request ``rid`` (a row already added by
+        :meth:`extend`, its arrival the end of the KV transfer) arrives running with the progress
+        and records ``moved`` (from :meth:`migrate_out`), holding ``kv_tokens`` of KV whose blocks
+        the caller reserved in ``kv.used_blocks`` when the transfer started. It never waits, so the
+        scheduler's ``on_arrival`` is not called."""
+        if rid < self.next_idx:
+            raise ValueError(f"migrate_in({rid}): the request has arrived already")
+        self._incoming[rid] = moved
+
+    def _join_migrated(self, rid: int, moved: tuple) -> None:
+        for name, value in zip(self._MOVED, moved, strict=True):
+            getattr(self, name)[rid] = value
+        self.state[rid] = RUNNING
+        self.running.append(rid)
+        self._stamp[rid] = self._n_admitted
+        self._n_admitted += 1
+        self._ds = None
+
     def _grow(self, name: str, n: int) -> np.ndarray:
         """Attribute ``name`` (a per-request array) lengthened to ``n`` rows, a view of a buffer
         that doubles when full; the new rows are for the caller to fill."""
@@ -509,7 +552,7 @@ class Engine:
         j = bisect.bisect_right(self._arrival, self.clock, lo=i0)
         if j == i0:
             return
-        if not self._hook_arrival and not self._oversize:
+        if not self._hook_arrival and not self._oversize and not self._incoming:
             self.state[i0:j] = WAITING
             self.waiting.extend(range(i0, j))
             self.waiting_tokens += int(self._prompt_cum[j] - self._prompt_cum[i0])
@@ -518,7 +561,9 @@ class Engine:
         sched, view, hook, oversize = self.scheduler, self.view, self._hook_arrival, self._oversize
         for i in range(i0, j):
             self.next_idx = i + 1
-            if i not in oversize and (not hook or sched.on_arrival(i, view)):
+            if i in self._incoming:
+                self._join_migrated(i, self._incoming.pop(i))
+            elif i not in oversize and (not hook or sched.on_arrival(i, view)):
                 self.state[i] = WAITING
                 self.waiting.append(i)
                 self.waiting_tokens += int(self._prompt[i])
