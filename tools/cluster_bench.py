@@ -15,6 +15,11 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
 * sglang: the same traffic and the Mooncake conversation trace, round-robin vs SGLang's
   cache-aware router: prefix hit rate and throughput.
 * vidur: LOR vs round-robin on the azure-conv trace at rising load (time_scale), 4 replicas.
+* llumnix: live migration (Sun et al., OSDI 2024) on and off behind Llumnix's dispatch and
+  round-robin: 4 replicas of the ``mooncake-conv`` engine with 40,000 KV tokens each
+  (``--kv-tokens``), prompts of 1,000 and outputs of 600 tokens on average, both Gamma with
+  coefficient of variation 2 (a few very long requests load single replicas), Poisson at
+  ``--qps``; P99 TTFT and E2E, preemptions, migrations (``--figure`` writes a PNG).
 * speed: CPU time per request (process time) at N replicas with N times the arrival rate of one
   (``--rate-per-replica``, default 8/s; 150 groups of 1,000-token system prompts, 200-token
   questions and outputs; vLLM v1 replicas of the ``mooncake-conv`` scenario), wall time and the
@@ -84,6 +89,45 @@ def vidur(args) -> None:
             _row("vidur", r, router=router, time_scale=scale)
 
 
+def llumnix(args) -> None:
+    """Tail latency with and without live migration on a skewed workload (heavy-tailed lengths)."""
+    rows = []
+    mig = {"interval_s": 0.05, "threshold": 1000.0}
+    for rate in args.qps:
+        wl = prefix_groups(args.requests_per_level, rate, 1, 0, 1000, 600, rng=args.seed, length_cv=2.0)
+        for router in ("llumnix", "round-robin"):
+            for m in (None, mig):
+                r = simulate_cluster("mooncake-conv", "vllm-v1", router, 4, args.seed, workload=wl, migration=m,
+                                     overrides={"engine.kv_capacity_tokens": args.kv_tokens or 40_000})
+                s = r.summary
+                rows.append(_row("llumnix", r, router=router, qps=rate, migration=m is not None,
+                                 p99_ttft_s=round(s["ttft_s"]["p99"], 3), p99_e2e_s=round(s["e2e_s"]["p99"], 2),
+                                 preemptions=s["preemptions"],
+                                 migrations=s["cluster"].get("migration", {}).get("migrations", 0)))
+    if args.figure:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for ax, key, title in ((axes[0], "p99_ttft_s", "P99 TTFT (s)"), (axes[1], "p99_e2e_s", "P99 E2E latency (s)")):
+            for router, color in (("llumnix", "C0"), ("round-robin", "C1")):
+                for m, style in ((False, "--"), (True, "-")):
+                    pts = [(x["qps"], x[key]) for x in rows if x["router"] == router and x["migration"] == m]
+                    ax.plot(*zip(*pts, strict=True), style, color=color, marker="o",
+                            label=f"{router} dispatch, {'with' if m else 'no'} migration")
+            ax.set_yscale("log")
+            ax.set_xlabel("arrival rate (requests/s, 4 replicas)")
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle("Live migration (Llumnix, OSDI 2024): Llama-3.1-8B / H100 replicas with 40k KV tokens, "
+                     "lengths Gamma cv 2", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(args.figure, dpi=120)
+        print("figure:", args.figure)
+
+
 def speed(args) -> None:
     for n in args.replicas:
         total = args.per_replica * n if args.per_replica else args.requests
@@ -103,7 +147,7 @@ def speed(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("llmd", "sglang", "vidur", "speed"))
+    p.add_argument("what", choices=("llmd", "sglang", "vidur", "llumnix", "speed"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--qps", type=float, nargs="+", default=[5.0, 15.0, 30.0, 60.0])
     p.add_argument("--requests-per-level", type=int, default=2400)
@@ -116,9 +160,10 @@ def main() -> None:
     p.add_argument("--kv-tokens", type=int, default=0,
                    help="KV capacity per replica (0: the scenario's 447,952); llmd/sglang only")
     p.add_argument("--refresh-s", type=float, default=0.1)
+    p.add_argument("--figure", default="", help="llumnix: write the figure (PNG) here")
     args = p.parse_args()
     np.seterr(all="ignore")
-    {"llmd": llmd, "sglang": sglang, "vidur": vidur, "speed": speed}[args.what](args)
+    {"llmd": llmd, "sglang": sglang, "vidur": vidur, "llumnix": llumnix, "speed": speed}[args.what](args)
 
 
 if __name__ == "__main__":
