@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from llmsched_gym.core.request import Workload
 
 
-_SHARED_PREFIXES = 4096
+_SHARED_PREFIXES = 512
 """Hash lists kept by segment tuple for requests whose prompts have the same prefix segments
 (the most recently used ones; older ones are recomputed when asked, with equal values)."""
 
