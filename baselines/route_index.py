@@ -8,48 +8,77 @@ Routing a request inserts its blocks into the chosen replica's index, most recen
 the index forgets least recently used blocks beyond its size (at once, or when :meth:`trim` is
 called, as SGLang's periodic eviction does). Only the prompt's shareable head (its prefix
 segments) is indexed: the unique tail can never match another request.
+
+The replicas' indexes share an inverted map (block key -> replicas holding it), so one walk down
+a prompt's keys gives every replica's match: the work per arrival follows the prompt's blocks and
+the replicas that hold them, not the number of replicas (SGLang keeps one radix tree whose nodes
+record their tenant workers for the same reason).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
 
-class PrefixIndex:
-    """One replica's index: LRU-ordered block keys, at most ``capacity`` blocks (0 = unbounded)."""
 
-    __slots__ = ("keys", "capacity")
+class PrefixIndexes:
+    """One LRU index per replica (``capacity`` blocks each, 0 = unbounded) and the inverted map
+    ``owners`` (block key -> replicas whose index holds it)."""
 
-    def __init__(self, capacity: int = 0) -> None:
-        self.keys: OrderedDict[int, None] = OrderedDict()
+    def __init__(self, n: int, capacity: int = 0) -> None:
+        self.keys: list[OrderedDict] = [OrderedDict() for _ in range(n)]
         self.capacity = capacity
+        self.owners: dict = {}
+        self.sizes = np.zeros(n, dtype=np.int64)
+        """Blocks in each replica's index."""
 
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def match(self, hashes: list[int]) -> int:
-        """Leading blocks of ``hashes`` the index holds."""
-        keys, n = self.keys, 0
+    def match(self, hashes: list) -> np.ndarray:
+        """Per replica: the leading blocks of ``hashes`` its index holds."""
+        out = np.zeros(len(self.keys), dtype=np.int64)
+        owners, alive, depth = self.owners, None, 0
         for h in hashes:
-            if h not in keys:
+            o = owners.get(h)
+            if not o:
                 break
-            n += 1
-        return n
+            nxt = set(o) if alive is None else alive & o
+            if alive is not None:
+                for r in alive - nxt:
+                    out[r] = depth
+            if not nxt:
+                alive = None
+                break
+            alive, depth = nxt, depth + 1
+        if alive:
+            out[list(alive)] = depth
+        return out
 
-    def insert(self, hashes: list[int], evict: bool = True) -> None:
-        """Record the blocks as just used; with ``evict``, forget the least recently used beyond
-        ``capacity``."""
-        keys = self.keys
+    def insert(self, r: int, hashes: list, evict: bool = True) -> None:
+        """Record the blocks as just used by replica ``r``; with ``evict``, forget its least
+        recently used beyond ``capacity``."""
+        keys, owners = self.keys[r], self.owners
         for h in hashes:
             if h in keys:
                 keys.move_to_end(h)
             else:
                 keys[h] = None
+                o = owners.get(h)
+                if o is None:
+                    owners[h] = {r}
+                else:
+                    o.add(r)
+        self.sizes[r] = len(keys)
         if evict:
-            self.trim()
+            self.trim(r)
 
-    def trim(self) -> None:
-        keys, cap = self.keys, self.capacity
+    def trim(self, r: int) -> None:
+        """Forget replica ``r``'s least recently used blocks beyond ``capacity``."""
+        keys, cap, owners = self.keys[r], self.capacity, self.owners
         if cap:
             while len(keys) > cap:
-                keys.popitem(last=False)
+                h, _ = keys.popitem(last=False)
+                o = owners[h]
+                o.discard(r)
+                if not o:
+                    del owners[h]
+            self.sizes[r] = len(keys)

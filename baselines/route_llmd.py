@@ -30,7 +30,7 @@ import numpy as np
 from llmsched_gym.config import ConfigError
 from llmsched_gym.core.cluster import ClusterView, Router
 
-from .route_index import PrefixIndex
+from .route_index import PrefixIndexes
 
 PREFIX_MODES = ("precise", "approximate", "none")
 
@@ -57,7 +57,7 @@ class LLMD(Router):
 
     def reset(self, n_replicas: int, rng: np.random.Generator) -> None:
         super().reset(n_replicas, rng)
-        self.index = [PrefixIndex(int(self.lru_capacity)) for _ in range(n_replicas)]
+        self.index = PrefixIndexes(n_replicas, int(self.lru_capacity))
 
     def scores(self, rid: int, view: ClusterView) -> np.ndarray:
         """Every replica's weighted score for ``rid`` (``-inf`` where the filter drops it)."""
@@ -82,12 +82,12 @@ class LLMD(Router):
             hit = np.minimum(view.prefix_hit(rid), considered * int(self.block))
             return hit / (considered * int(self.block))
         hashes = view.block_hashes(rid, int(self.block))[: int(self.max_prefix_blocks)]
-        return np.array([ix.match(hashes) for ix in self.index], dtype=float) / considered
+        return self.index.match(hashes) / considered
 
     def route(self, rid: int, view: ClusterView) -> int:
         s = self.scores(rid, view)
         best = np.flatnonzero(s == s.max())
         r = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
         if self.prefix == "approximate":
-            self.index[r].insert(view.block_hashes(rid, int(self.block))[: int(self.max_prefix_blocks)])
+            self.index.insert(r, view.block_hashes(rid, int(self.block))[: int(self.max_prefix_blocks)])
         return r

@@ -30,7 +30,7 @@ import numpy as np
 
 from llmsched_gym.core.cluster import ClusterView, Router
 
-from .route_index import PrefixIndex
+from .route_index import PrefixIndexes
 
 
 class CacheAware(Router):
@@ -42,13 +42,13 @@ class CacheAware(Router):
 
     def reset(self, n_replicas: int, rng: np.random.Generator) -> None:
         super().reset(n_replicas, rng)
-        self.trees = [PrefixIndex(max(1, int(self.max_tree_size) // int(self.block))) for _ in range(n_replicas)]
+        self.trees = PrefixIndexes(n_replicas, max(1, int(self.max_tree_size) // int(self.block)))
         self._next_evict = float(self.eviction_interval_s)
 
     def route(self, rid: int, view: ClusterView) -> int:
         if view.now >= self._next_evict:
-            for t in self.trees:
-                t.trim()
+            for r in range(self.n_replicas):
+                self.trees.trim(r)
             self._next_evict = view.now + float(self.eviction_interval_s)
         load = view.outstanding
         lo, hi = int(load.min()), int(load.max())
@@ -56,18 +56,15 @@ class CacheAware(Router):
         if hi - lo > self.balance_abs_threshold and hi > self.balance_rel_threshold * lo:
             r = int(np.argmin(load))
         else:
-            best, best_m = 0, -1
-            for i, t in enumerate(self.trees):
-                m = t.match(hashes)
-                if m > best_m:
-                    best, best_m = i, m
-            rate = best_m * int(self.block) / max(1, int(view.prompt_tokens[rid]))
+            m = self.trees.match(hashes)
+            best = int(np.argmax(m))  # the longest match, the lowest index among equals
+            rate = int(m[best]) * int(self.block) / max(1, int(view.prompt_tokens[rid]))
             if rate > self.cache_threshold:
                 r = best
             else:
-                r = min(range(self.n_replicas), key=lambda i: len(self.trees[i]))
+                r = int(np.argmin(self.trees.sizes))  # the smallest tree
         # the whole prompt enters the tree, as SGLang inserts the request's text: the unique tail
         # as keys of its own (they never match), so tree sizes grow with the traffic each received
         tail = -(-(int(view.prompt_tokens[rid]) - len(hashes) * int(self.block)) // int(self.block))
-        self.trees[r].insert(hashes + [(rid, b) for b in range(tail)], evict=False)
+        self.trees.insert(r, hashes + [(rid, b) for b in range(tail)], evict=False)
         return r
