@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmsched_gym import data
 from llmsched_gym.core import traces
@@ -123,3 +125,47 @@ def test_prefix_groups_llm_d_shape_and_errors() -> None:
     g = prefix_groups(500, 5.0, groups=2, system_tokens=64, question_tokens=100, output_tokens=50, rng=2,
                       length_cv=1.0)
     assert np.std(g.output_tokens) > 10 and g.output_tokens.min() >= 1
+
+
+def test_completed_requests_leave_no_block_hash_lists() -> None:
+    """Memory follows the live requests: once a request completes its block-hash list is dropped
+    (a cluster's routing index drops it once the request is routed); asked again, it is equal."""
+    from llmsched_gym.cluster_sim import make_cluster
+
+    wl = prefix_groups(300, 40.0, 5, 256, 64, 16, rng=0)
+    c, _ = make_cluster("mooncake-conv", "vllm-v1", "llm-d-approx", 2, 0, workload=wl)
+    before = [list(c.view.block_hashes(g)) for g in range(3)]
+    c.run()
+    assert c.summary()["n_completed"] == 300
+    assert all(not e.kv._hashes for e in c.engines)
+    assert all(not h._hashes for h in c._hashers.values())
+    assert [c.view.block_hashes(g) for g in range(3)] == before
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 6), max_size=6)), max_size=30),
+       st.lists(st.integers(0, 6), max_size=6), st.integers(0, 5))
+def test_prefix_indexes_match_each_replica_by_brute_force(ops, query, capacity) -> None:
+    """The inverted map gives every replica the leading blocks its own LRU index holds."""
+    from collections import OrderedDict
+
+    from baselines.route_index import PrefixIndexes
+
+    ix, lru = PrefixIndexes(4, capacity), [OrderedDict() for _ in range(4)]
+    for r, keys in ops:
+        ix.insert(r, keys)
+        for k in keys:
+            lru[r][k] = None
+            lru[r].move_to_end(k)
+        while capacity and len(lru[r]) > capacity:
+            lru[r].popitem(last=False)
+    want = []
+    for r in range(4):
+        m = 0
+        while m < len(query) and query[m] in lru[r]:
+            m += 1
+        want.append(m)
+    assert ix.match(query).tolist() == want
+    assert ix.sizes.tolist() == [len(x) for x in lru]
+    assert {k: sorted(v) for k, v in ix.owners.items()} == {
+        k: sorted(r for r in range(4) if k in lru[r]) for k in set().union(*lru)}
