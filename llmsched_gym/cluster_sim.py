@@ -273,7 +273,9 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
         exact load signals (``refresh_s`` is not used).
     :param transfer: the KV link, :class:`~llmsched_gym.core.transfer.TransferConfig`'s fields
         ``bandwidth_gb_s``, ``base_s``, ``shared_link`` (or ``link``: a name of
-        :data:`~llmsched_gym.core.transfer.LINKS`).
+        :data:`~llmsched_gym.core.transfer.LINKS`), and ``first_token``: where a disaggregated
+        request's first token counts, ``"prefill"`` (DistServe's, the default) or ``"transfer"``
+        (:data:`~llmsched_gym.core.disagg.FIRST_TOKEN`).
     :param decider: which requests are disaggregated (:class:`~llmsched_gym.core.disagg.Decider`):
         ``"always"``, ``"never"``, ``{"kind": "prompt_len", "min": M}``, ``{"kind": "prefix_hit",
         "min_uncached": M}``.

@@ -88,6 +88,27 @@ def test_raising_the_bandwidth_strictly_lowers_tpot_and_e2e_not_ttft() -> None:
         assert (fast["tpot_s"] < slow["tpot_s"]).all()
 
 
+def test_counting_the_first_token_at_the_hand_off_makes_ttft_fall_with_the_bandwidth() -> None:
+    """With ``first_token="transfer"`` (the client streams from the decode replica) the first
+    token counts when the KV arrives: TTFT = prefill end + wait + transfer, and a faster link
+    lowers every disaggregated request's TTFT strictly."""
+    wl = _wl(np.arange(6) * 10.0, [200, 400, 800, 100, 300, 50], [5, 8, 3, 9, 2, 1])
+    runs = [_disagg(wl, ["prefill", "decode"], transfer={"bandwidth_gb_s": bw, "base_s": 1e-4,
+                                                         "first_token": "transfer"}) for bw in (0.5, 5.0, 50.0)]
+    tables = [c.request_table() for c in runs]
+    t = tables[0]
+    split = t["output_tokens"] > 1
+    assert np.array_equal(t["first_token_s"][split], t["transfer_end_s"][split])
+    assert t["first_token_s"][5] == 51.0  # one output token: done at its prefill, nothing moves
+    assert t["ttft_s"][0] == pytest.approx(1.0 + 1e-4 + 200 * KVB / 0.5e9, abs=1e-12)
+    for slow, fast in zip(tables, tables[1:], strict=False):
+        assert (fast["ttft_s"][split] < slow["ttft_s"][split]).all()
+        assert fast["ttft_s"][5] == slow["ttft_s"][5]
+    assert runs[0].summary()["pools"]["transfer"]["first_token"] == "transfer"
+    with pytest.raises(ConfigError, match=r"^transfer\.first_token: unknown 'decode'; allowed: prefill, transfer$"):
+        _disagg(wl, ["prefill", "decode"], transfer={"first_token": "decode"})
+
+
 def test_the_transfer_waits_for_room_on_the_decode_replica() -> None:
     """The decode replica holds 150 tokens: request 0 reserves 101, so request 1 (prefilled at the
     same time on the other prefill replica) waits until request 0 completes and frees 104."""
@@ -184,8 +205,10 @@ def test_mixed_replicas_run_a_pair_on_one_replica_whole() -> None:
 @given(n=st.integers(1, 30), n_p=st.integers(0, 3), n_d=st.integers(1, 3), n_m=st.integers(0, 2),
        seed=st.integers(0, 10_000), shared=st.booleans(), bs=st.sampled_from([1, 16]),
        decider=st.sampled_from(["always", "never", {"kind": "prompt_len", "min": 300}]),
-       router=st.sampled_from(["round-robin", "jsq", "random", "token-jsq"]))
-def test_every_request_completes_once_within_memory(n, n_p, n_d, n_m, seed, shared, bs, decider, router) -> None:
+       router=st.sampled_from(["round-robin", "jsq", "random", "token-jsq"]),
+       first=st.sampled_from(["prefill", "transfer"]))
+def test_every_request_completes_once_within_memory(n, n_p, n_d, n_m, seed, shared, bs, decider, router,
+                                                    first) -> None:
     if n_p + n_m == 0:
         n_p = 1
     rng = np.random.default_rng(seed)
@@ -193,7 +216,8 @@ def test_every_request_completes_once_within_memory(n, n_p, n_d, n_m, seed, shar
     roles = ["prefill"] * n_p + ["decode"] * n_d + ["mixed"] * n_m
     caps = rng.integers(800, 3000, len(roles)).tolist()
     c = _disagg(wl, roles, router=router, decider=decider, caps=caps, bs=bs, latency="linear:d0=0.01,d1=1e-6",
-                transfer={"bandwidth_gb_s": float(rng.uniform(0.1, 50)), "base_s": 1e-3, "shared_link": shared})
+                transfer={"bandwidth_gb_s": float(rng.uniform(0.1, 50)), "base_s": 1e-3, "shared_link": shared,
+                          "first_token": first})
     s, t = c.summary(), c.request_table()
     assert s["n_completed"] == n and s["n_unfinished"] == 0 and s["n_rejected"] == 0
     assert (t["generated"] == t["output_tokens"]).all()

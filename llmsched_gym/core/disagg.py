@@ -22,6 +22,8 @@ together in time order, each replica iteration by iteration):
    set when its prefill emits the first token. **TTFT ends here** (DistServe's convention: the
    prefill instance returns the first token), so TTFT does not depend on the transfer; the
    transfer shows in TPOT and end-to-end latency. A request with one output token is done.
+   With ``transfer={"first_token": "transfer"}`` the first token counts when the KV reaches
+   the decode replica instead (:data:`FIRST_TOKEN`).
 3. **Room on d**: the transfer starts when ``d`` has free KV blocks for ``prompt + 1`` tokens
    (the prompt's KV and the first token's slot), at ``d``'s first iteration boundary at or after
    the prefill's end (vLLM's scheduler allocates the blocks of a remote-KV request at a step);
@@ -67,6 +69,12 @@ from llmsched_gym.core.transfer import Model, TransferConfig, TransferModel
 
 ROLES = ("prefill", "decode", "mixed")
 """What a replica of a disaggregated cluster does (see the module docstring)."""
+
+FIRST_TOKEN = ("prefill", "transfer")
+"""Where a disaggregated request's first token counts (``transfer={"first_token": ...}``):
+``prefill``, when the prefill emits it (DistServe's convention, the default); ``transfer``, when
+the KV reaches the decode replica (the client streams every token from the decode replica, as
+behind vLLM's and llm-d's P/D proxies; TTFT then includes the transfer and the wait for room)."""
 
 
 # ---- the decider -------------------------------------------------------------------------------
@@ -229,7 +237,11 @@ class DisaggCluster:
                                   "another policy for this pool (fcfs, vllm-v1, sarathi, sjf, ...)")
         self.workload, self.replicas, self.roles = workload, list(replicas), list(roles)
         self.router, self.seed = router, seed
-        self.link = TransferModel(transfer)
+        spec = dict(transfer) if isinstance(transfer, Mapping) else transfer
+        self.first_token = spec.pop("first_token", "prefill") if isinstance(spec, dict) else "prefill"
+        if self.first_token not in FIRST_TOKEN:
+            raise ConfigError(f"transfer.first_token: unknown {self.first_token!r}; allowed: {', '.join(FIRST_TOKEN)}")
+        self.link = TransferModel(spec)
         self.models = list(transfer_models) if transfer_models is not None else [transfer_model_of(x) for x in replicas]
         self._rows = [_Rows(workload) for _ in replicas]
         blank = object.__new__(Workload)
@@ -544,6 +556,7 @@ class DisaggCluster:
             "max_s": float(dur.max()) if len(dur) else 0.0,
             "peak_concurrent": int(self.link.peak_concurrent),
             "bandwidth_gb_s": c.bandwidth_gb_s, "base_s": c.base_s, "shared_link": c.shared_link,
+            "first_token": self.first_token,
         }
         out["decode_room_wait"] = {
             "count": int((wait > 0).sum()),
@@ -634,6 +647,8 @@ class _Records:
             split = c.disaggregated[g1] & (out[g1] > 1) & (e.state[l1] == DONE)
             self.completion_s[g1[split]] = np.nan
             self.state[g1[split]] = RUNNING  # between the pools until the decode replica has it
+            if c.first_token == "transfer":  # delivered with the hand-off (nan until it happens)
+                self.first_token_s[g1[split]] = c.transfer_end_s[g1[split]]
             for name in ("preemptions", "recomputed_tokens", "cached_tokens"):
                 np.add.at(getattr(self, name), gids, getattr(e, name)[loc])
             for i, why in e.reject_reason.items():
@@ -676,4 +691,4 @@ class _Records:
         return float((end - arr)[came].sum())
 
 
-__all__ = ["ROLES", "Decider", "DisaggCluster", "PairRouter", "transfer_model_of"]
+__all__ = ["FIRST_TOKEN", "ROLES", "Decider", "DisaggCluster", "PairRouter", "transfer_model_of"]
