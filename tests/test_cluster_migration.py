@@ -177,3 +177,16 @@ def test_migration_conserves_requests_and_memory(n, k, seed, router, refresh, in
         last[g] = d
     for g, d in last.items():
         assert c.placement[g] == d
+
+
+def test_no_request_moves_to_a_replica_past_the_horizon() -> None:
+    """Replica 1 stops at its horizon (t = 0.5, before the first round at 1.0): the loaded replica
+    keeps its requests, and they finish there."""
+    wl = _wl([0.0, 0.0], [112, 112], [64, 64])
+    reps = [Replica(EngineConfig(kv_capacity_tokens=100_000, block_size=16, kv_bytes_per_token=1_953_125,
+                                 horizon_s=h), make_latency("linear:d0=0.0625,d1=0"), make_policy("fcfs"))
+            for h in (None, 0.5)]
+    c = Cluster(wl, reps, ToZero(), seed=0, refresh_s=0.0, migration=MIG)
+    c.run()
+    assert c.migration_log == []
+    assert c.request_table()["completion_s"].tolist() == [4.0, 4.0]

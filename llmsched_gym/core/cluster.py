@@ -519,6 +519,8 @@ class Cluster:
             if free[d] - free[s] <= mig.threshold:
                 break
             src, dst = engines[s], engines[d]
+            if _stopped(src, now) or _stopped(dst, now):  # nothing moves in or out of a stopped replica
+                continue
             dkv = dst.kv
             best = None
             for rid in src.running:
@@ -646,6 +648,12 @@ class Cluster:
 _REPLICA_KEYS = ("n_arrived", "n_completed", "n_rejected", "n_unfinished", "iterations", "busy_frac",
                  "kv_peak_frac", "kv_mean_frac", "preemptions", "prefix_hit_rate", "ttft_s", "e2e_s",
                  "throughput_tokens_per_s", "stop_reason", "serving")
+
+
+def _stopped(e: Engine, now: float) -> bool:
+    """The engine has stopped, or will at its horizon, by ``now``."""
+    h = e.config.horizon_s
+    return e.done or (h is not None and now >= h)
 
 
 def _replica_seed(seed: int, r: int) -> int:
