@@ -22,7 +22,13 @@ What the router sees (the load signals):
 A replica learns of a request only when it is routed; an idle plan (``BatchPlan.wait``) waits at
 most until the next routing point, where the replica is asked again. With one replica the router
 has no choice: the whole workload goes to it at once and the run equals the plain engine's bit for
-bit (``tests/test_cluster.py`` checks every golden scenario).
+bit (``tests/test_cluster.py`` checks every golden scenario). A load-blind router (random,
+round-robin: ``Router.reads_load = False``) needs no signals, so :meth:`Cluster.run` routes all
+its requests at once and runs each replica alone, at a plain engine's cost per request.
+
+Live migration (``migration=``, :class:`Migration`: Llumnix, Sun et al., OSDI 2024) moves
+decoding requests from the least free replicas to the freest ones every ``interval_s``, the KV
+transfer time charged.
 
 Results: :meth:`Cluster.summary` has the engine's summary keys for the cluster as a whole (as if
 one server answered every request; ``busy_frac`` and the KV fractions are the replicas' mean)
@@ -722,4 +728,4 @@ class _Merged:
         return request_table(self)
 
 
-__all__ = ["DEFAULT_REFRESH_S", "Cluster", "ClusterView", "Replica", "Router"]
+__all__ = ["DEFAULT_REFRESH_S", "Cluster", "ClusterView", "Migration", "Replica", "Router"]
