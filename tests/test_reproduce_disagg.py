@@ -66,3 +66,12 @@ def test_splitwise_machine_is_one_tp8_replica_with_its_memory():
     assert spec["latency"] == "vidur:h100/llama-2-70b,tp=8" and spec["policy"] == "vllm-v1"
     assert spec["engine"]["kv_capacity_tokens"] == kv_capacity_tokens("llama-2-70b", replace(get_gpu("h100"), count=8))
     assert Serving(spec, n_replicas=2).gpus() == 16
+
+
+@pytest.mark.skipif(not (splitwise.have_profiles() and distserve.pools_available()),
+                    reason="needs Vidur's Llama-2-70B profiles and the pools")
+def test_splitwise_transfer_share_is_the_transfer_over_e2e():
+    conv = splitwise.scenario("a100", 60)
+    serving = Serving(conv, router="lor", pools={"prefill": {"n": 1}, "decode": {"n": 1}}, transfer={"link": "ib-hdr"})
+    share = splitwise.transfer_share(serving, 0.5, 60)
+    assert 0 < share < 0.01  # a 70B prompt's KV over 8 HDR links: milliseconds against seconds of decode
