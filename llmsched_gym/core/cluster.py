@@ -208,14 +208,21 @@ class _Rows:
             cap = max(n, 2 * len(self.gids))
             self.gids = _resized(self.gids, cap)
             self.bufs = {f: _resized(b, cap) for f, b in self.bufs.items()}
-        idx = np.asarray(gids, dtype=np.int64)
-        self.gids[n0:n] = idx
-        for f, b in self.bufs.items():
-            b[n0:n] = getattr(self.wl, f)[idx]
+        wl = self.wl
+        if k == 1:  # one request, the usual case: scalars
+            g = gids[0]
+            self.gids[n0] = g
+            for f, b in self.bufs.items():
+                b[n0] = getattr(wl, f)[g]
+        else:
+            idx = np.asarray(gids, dtype=np.int64)
+            self.gids[n0:n] = idx
+            for f, b in self.bufs.items():
+                b[n0:n] = getattr(wl, f)[idx]
         if arrivals is not None:
             self.bufs["arrival_s"][n0:n] = arrivals
         if self.prefix is not None:
-            p = self.wl.prefix
+            p = wl.prefix
             self.prefix.extend(p[g] for g in gids)
         self.n = n
         return self.workload()

@@ -342,7 +342,8 @@ class Engine:
         self.done = False
         self.more_from: float | None = None  # see extend()
         self._incoming: dict[int, tuple] = {}  # see migrate_in()
-        self._bufs: dict[str, np.ndarray] = {}
+        self._bufs: dict[str, np.ndarray] = {}  # see _regrow()
+        self._cap = 0
         self._max_len = (int(workload.prompt_tokens.max()), int(workload.output_tokens.max())) if n else (0, 0)
         stall = config.stall_iterations
         if stall <= 0:
@@ -416,20 +417,32 @@ class Engine:
         if n == old:
             return
         self._arrival.extend(workload.arrival_s[old:].tolist())
-        self._prompt, self._output = workload.prompt_tokens, workload.output_tokens
-        new_p, new_o = workload.prompt_tokens[old:], workload.output_tokens[old:]
-        cum = self._grow("_prompt_cum", n + 1)
-        cum[old + 1:] = cum[old] + np.cumsum(new_p)
-        for name, fill in self._GROWN:
-            a = self._grow(name, n)
-            a[old:] = new_p if fill is None else fill
+        p, o = workload.prompt_tokens, workload.output_tokens
+        self._prompt, self._output = p, o
+        if n + 1 > self._cap:
+            self._regrow(max(n + 1, 2 * self._cap, 64))
+        bufs = self._bufs
+        for name, _ in self._GROWN:  # views of buffers whose new rows hold their initial values
+            setattr(self, name, bufs[name][:n])
+        cum = self._prompt_cum = bufs["_prompt_cum"][:n + 1]
+        bs, cap = self.config.block_size, self.kv.capacity_blocks
+        if n - old == 1:  # one request, the usual case at run time: scalars
+            pi, oi = int(p[old]), int(o[old])
+            self.prefill_target[old] = pi
+            cum[n] = cum[old] + pi
+            if -(-(pi + oi) // bs) > cap:
+                self._oversize = self._oversize | {old}
+            self._max_len = (max(self._max_len[0], pi), max(self._max_len[1], oi))
+        else:
+            new_p, new_o = p[old:], o[old:]
+            self.prefill_target[old:] = new_p
+            cum[old + 1:] = cum[old] + np.cumsum(new_p)
+            big = np.flatnonzero(-(-(new_p + new_o) // bs) > cap)
+            if len(big):
+                self._oversize = self._oversize | frozenset((big + old).tolist())
+            self._max_len = (max(self._max_len[0], int(new_p.max())), max(self._max_len[1], int(new_o.max())))
         self.kv.extend(workload)
         self.ledger = Ledger.of(self)  # it holds the per-request arrays
-        need = -(-(new_p + new_o) // self.config.block_size)
-        big = np.flatnonzero(need > self.kv.capacity_blocks)
-        if len(big):
-            self._oversize = self._oversize | frozenset((big + old).tolist())
-        self._max_len = (max(self._max_len[0], int(new_p.max())), max(self._max_len[1], int(new_o.max())))
         if self.config.stall_iterations <= 0:
             self.stall_iterations = max(20_000, 4 * sum(self._max_len))
 
@@ -498,18 +511,20 @@ class Engine:
         self._n_admitted += 1
         self._ds = None
 
-    def _grow(self, name: str, n: int) -> np.ndarray:
-        """Attribute ``name`` (a per-request array) lengthened to ``n`` rows, a view of a buffer
-        that doubles when full; the new rows are for the caller to fill."""
-        a = getattr(self, name)
-        buf = self._bufs.get(name)
-        if buf is None or len(buf) < n:
-            buf = np.empty(max(n, 2 * len(a), 64), dtype=a.dtype)
+    def _regrow(self, cap: int) -> None:
+        """Per-request buffers of ``cap`` rows (doubling, so a request costs O(1) amortised): the
+        current rows, then each array's initial value (rows past ``n`` are never written, so a
+        request added later needs no fill)."""
+        bufs = self._bufs
+        for name, fill in self._GROWN:
+            a = getattr(self, name)
+            buf = np.full(cap, 0 if fill is None else fill, dtype=a.dtype)
             buf[:len(a)] = a
-            self._bufs[name] = buf
-        out = buf[:n]
-        setattr(self, name, out)
-        return out
+            bufs[name] = buf
+        buf = np.zeros(cap, dtype=self._prompt_cum.dtype)
+        buf[:len(self._prompt_cum)] = self._prompt_cum
+        bufs["_prompt_cum"] = buf
+        self._cap = cap
 
     def _noise_slice(self, it: int, k: int) -> np.ndarray:
         need = it + k
