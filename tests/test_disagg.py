@@ -129,6 +129,16 @@ def test_the_transfer_waits_for_room_on_the_decode_replica() -> None:
     assert dec.max() <= 150 and dec[0] == 102  # request 0's 101 reserved tokens, plus its second token
 
 
+def test_a_request_the_decode_replica_can_never_hold_is_rejected_not_stuck() -> None:
+    wl = _wl([0.0, 0.0], [100, 500], [4, 4])
+    c = _disagg(wl, ["prefill", "decode"], caps=[100_000, 300])
+    s, t = c.summary(), c.request_table()
+    assert s["n_completed"] == 1 and s["n_rejected"] == 1 and s["n_unfinished"] == 0
+    assert t["state"].tolist() == [3, 4] and t["disaggregated"].tolist() == [True, False]
+    assert "more than the capacity of 300" in c.records().reject_reason[1]
+    assert [e.kv.used_blocks for e in c.engines] == [0, 0]
+
+
 def test_shared_link_slows_concurrent_transfers() -> None:
     """Two prefills end together: on a shared link the second transfer gets half the bandwidth."""
     wl = _wl([0.0, 0.0], [100, 100], [2, 2])

@@ -469,6 +469,9 @@ class DisaggCluster:
         if p != d and p not in self.prefill_idx:
             raise ConfigError(f"pair ({p}, {d}) for request {g}: replica {p} does not prefill "
                               f"(prefill-capable: {self.prefill_idx}, or p == d to run whole on d)")
+        kv, wl = self.engines[d].kv, self.workload
+        if p != d and kv.blocks(int(wl.prompt_tokens[g]) + int(wl.output_tokens[g])) > kv.capacity_blocks:
+            p = d  # d can never hold it: d's engine rejects it at arrival, with the reason, as a colocated one
         self.prefill_replica[g], self.decode_replica[g] = p, d
         split = p != d
         self.disaggregated[g] = split
