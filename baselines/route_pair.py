@@ -56,8 +56,9 @@ class PairRouter(PairRouterBase):
 def make_pair_router(router: str | Router | Mapping[str, Any] = "round-robin", decider: Any = "always",
                      router_params: Mapping[str, Any] | None = None) -> PairRouter:
     """A :class:`PairRouter`: ``router`` names one router for both pools, or maps ``prefill`` and
-    ``decode`` to a router name each; ``router_params`` go to both (names from
-    :data:`baselines.routers.ROUTERS`)."""
+    ``decode`` to a router (a name of :data:`baselines.routers.ROUTERS` or a
+    :class:`~llmsched_gym.core.cluster.Router`) each; ``router_params`` go to the named ones.
+    (:func:`llmsched_gym.cluster_sim.simulate_cluster` also takes ``NAME:key=value,...``.)"""
     from baselines.routers import make_router
 
     if isinstance(router, Mapping):

@@ -228,11 +228,16 @@ def _disagg(workload, config, latency, pol, router, n_replicas, seed, overrides,
         rt = router
     else:
         names = dict(router) if isinstance(router, dict) else {"prefill": router, "decode": router}
-        for role, key in (("prefill", "prefill"), ("decode", "decode")):
+        unknown = sorted(set(names) - {"prefill", "decode"})
+        if unknown:
+            raise ConfigError(f"router.{unknown[0]}: unknown pool (allowed: prefill, decode)")
+        field = {k: "router" if not isinstance(router, dict) else f"router.{k}" for k in names}
+        for role in ("prefill", "decode"):
             if "router" in pools.get(role, {}):
-                names[key] = pools[role]["router"]
-        names = {k: "round-robin" if v is None else v for k, v in names.items()}
-        rt = make_pair_router(names, dec, router_params)
+                names[role], field[role] = pools[role]["router"], f"pools.{role}.router"
+        built = {k: v if isinstance(v, Router) else build_router("round-robin" if v is None else v, router_params,
+                                                                  field[k]) for k, v in names.items()}
+        rt = make_pair_router(built, dec)
     return DisaggCluster(workload, replicas, roles, rt, transfer, seed, models)
 
 

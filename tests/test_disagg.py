@@ -275,11 +275,25 @@ def test_simulate_cluster_with_pools_on_a_scenario() -> None:
     ({"pools": {"prefill": {}, "decode": {"policy": "vtc"}}}, "pools.decode.policy: 'vtc' keeps per-request arrays"),
     ({"pools": {"prefill": {}, "decode": {}}, "n_replicas": 3}, "cluster.n_replicas: 3 differs from the pools' 2"),
     ({"transfer": {"bandwidth_gb_s": 5}}, "cluster.transfer: transfer and decider apply to pools"),
+    ({"pools": {"prefill": {}, "decode": {}}, "router": {"prefill": "jsq", "middle": "jsq"}},
+     "router.middle: unknown pool (allowed: prefill, decode)"),
+    ({"pools": {"prefill": {}, "decode": {}}, "router": {"prefill": "llm-d:w_queue=heavy"}},
+     "router.prefill.w_queue: expected a number"),
+    ({"pools": {"prefill": {"router": "nearest"}, "decode": {}}}, "pools.prefill.router: unknown 'nearest'"),
 ])
 def test_bad_pool_settings_are_one_line_errors(kw, message) -> None:
     with pytest.raises(ConfigError) as e:
         simulate_cluster("azure-conv", overrides={"workload.n_requests": 5}, **kw)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_pool_routers_take_name_and_parameters() -> None:
+    r = simulate_cluster("azure-conv", overrides={"workload.n_requests": 30}, seed=0,
+                         router={"prefill": "llm-d:prefix=none", "decode": "jsq"},
+                         pools={"prefill": {"n": 2}, "decode": {"n": 2, "router": "token-jsq"}})
+    pair = r.cluster.router
+    assert (pair.prefill.name, pair.prefill.prefix, pair.decode.name) == ("llm-d", "none", "token-jsq")
+    assert r.summary["cluster"]["router"] == "llm-d+token-jsq" and r.summary["n_completed"] == 30
 
 
 def test_tensor_parallel_pools_ship_their_shards_in_parallel() -> None:
