@@ -102,7 +102,7 @@ def test_crafted_files_beside_a_genuine_agent_are_never_read(tmp_path):
     _genuine(tmp_path / "agent")
     assert _evaluate(tmp_path / "agent", tmp_path / "ev") == 0
     res = json.loads((tmp_path / "ev" / "results.json").read_text())
-    assert [r["policy"] for r in res["runs"]] == ["maskable-ppo select, 0 steps"]  # played (untrained: it serves little)
+    assert [r["policy"] for r in res["runs"]] == ["maskable-ppo select, neutral start, 0 steps"]  # played (untrained: it serves little)
     assert not marker.exists()
 
 
