@@ -18,6 +18,7 @@ A scenario may declare its cluster (``llmsched_gym/scenarios/mooncake-conv-8.yml
       refresh_s: 0.1                 # load-signal snapshots (0: exact at every arrival)
       replicas:                      # per replica index: what differs there
         7: {latency: "roofline:llama-3.1-8b/a100", engine: {kv_capacity_tokens: 200000}}
+      migration: {interval_s: 0.05, threshold: 1000}   # Llumnix's live migration (default: none)
 
 the arguments of :func:`simulate_cluster` override it.
 
@@ -83,8 +84,9 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
         raise ConfigError("cluster.migration: live migration runs between the replicas of one pool; "
                           "it is not available with pools")
     if pools is None:
-        c = cluster_settings(spec, router, n_replicas, router_params, refresh_s, replica_overrides)
+        c = cluster_settings(spec, router, n_replicas, router_params, refresh_s, replica_overrides, migration)
         n_replicas = c["n_replicas"]
+        migration = c["migration"]
     elif n_replicas is not None and (isinstance(n_replicas, bool) or not isinstance(n_replicas, int)):
         raise ConfigError(f"cluster.n_replicas: expected an integer in 1..4096, got {n_replicas!r}")
     pol = spec.get("policy", "fcfs") if policy is None else policy
@@ -135,7 +137,8 @@ def build_router(spec: str, params: dict[str, Any] | None = None, field: str = "
 
 def cluster_settings(spec: dict[str, Any], router: str | Router | None = None, n_replicas: int | None = None,
                      router_params: dict[str, Any] | None = None, refresh_s: float | None = None,
-                     replica_overrides: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+                     replica_overrides: dict[int, dict[str, Any]] | None = None,
+                     migration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cluster a run builds: each argument given here, else the scenario's ``cluster:`` section
     (checked by :func:`llmsched_gym.config.check_cluster`), else the default (1 replica,
     round-robin, :data:`~llmsched_gym.core.cluster.DEFAULT_REFRESH_S`). A router given as
@@ -143,7 +146,7 @@ def cluster_settings(spec: dict[str, Any], router: str | Router | None = None, n
     given here replaces the scenario's along with its parameters).
 
     :returns: ``n_replicas``, ``router`` (a name or a :class:`Router`), ``router_params``,
-        ``refresh_s`` and ``replicas`` (index -> overrides), checked.
+        ``refresh_s``, ``replicas`` (index -> overrides) and ``migration`` (``None``: none), checked.
     """
     section = dict(spec.get("cluster") or {})
     if n_replicas is not None:
@@ -157,6 +160,8 @@ def cluster_settings(spec: dict[str, Any], router: str | Router | None = None, n
         section["refresh_s"] = refresh_s
     if replica_overrides is not None:
         section["replicas"] = {**section.get("replicas", {}), **replica_overrides}
+    if isinstance(migration, dict):
+        section["migration"] = migration
     c = check_cluster(section)
     name, params = "round-robin", {}
     if isinstance(router, Router):
@@ -169,7 +174,8 @@ def cluster_settings(spec: dict[str, Any], router: str | Router | None = None, n
             k: v for k, v in parsed.items() if k != "name"})
     return {"n_replicas": c.get("n_replicas", 1), "router": name,
             "router_params": {**params, **c.get("router_params", {})},
-            "refresh_s": c.get("refresh_s", DEFAULT_REFRESH_S), "replicas": c.get("replicas", {})}
+            "refresh_s": c.get("refresh_s", DEFAULT_REFRESH_S), "replicas": c.get("replicas", {}),
+            "migration": c.get("migration") if migration is None or isinstance(migration, dict) else migration}
 
 
 _POOL_KEYS = ("n", "latency", "engine", "policy", "router", "model", "tp")

@@ -226,6 +226,7 @@ CLUSTER: dict[str, Setting] = {
     "router_params": Setting("dict"),
     "refresh_s": Setting("float", ge=0),
     "replicas": Setting("dict"),  # replica index -> the fields below, replacing the scenario's
+    "migration": Setting("dict", nullable=True),  # Llumnix's live migration (core.cluster.Migration's fields)
 }
 #: One entry of ``cluster.replicas``: what differs on that replica.
 REPLICA: dict[str, Setting] = {
@@ -296,7 +297,9 @@ def check_cluster(section: Any, path: str = "cluster") -> dict[str, Any]:
     router (its name and parameters are checked where the router is built, by
     :func:`baselines.routers.make_router`), the load-signal refresh interval and per-replica
     overrides (:data:`REPLICA`), keyed by replica index (an integer, or its digits as a string,
-    as ``--set cluster.replicas.2.latency=...`` gives it) in ``0 .. n_replicas - 1``.
+    as ``--set cluster.replicas.2.latency=...`` gives it) in ``0 .. n_replicas - 1``, and live
+    migration (``migration: {interval_s, threshold, bandwidth_gb_s, base_s, tp}``; its fields are
+    checked by :meth:`llmsched_gym.core.cluster.Migration.of`; ``null``: none).
 
     >>> check_cluster({"n_replicas": 2, "replicas": {"1": {"engine": {"kv_capacity_tokens": 8000}}}})
     {'n_replicas': 2, 'replicas': {1: {'engine': {'kv_capacity_tokens': 8000}}}}

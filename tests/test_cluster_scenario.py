@@ -40,7 +40,7 @@ def test_check_cluster_merges_integer_and_digit_keys_of_one_replica():
 @pytest.mark.parametrize("section, message", [
     ({"n_replicas": 0}, "cluster.n_replicas: expected an integer in [1, 4,096], got 0"),
     ({"n_replicas": 2.5}, "cluster.n_replicas: expected an integer in [1, 4,096], got 2.5"),
-    ({"routr": "lor"}, "cluster.routr: unknown field; allowed: n_replicas, router, router_params, refresh_s, replicas"),
+    ({"routr": "lor"}, "cluster.routr: unknown field; allowed: n_replicas, router, router_params, refresh_s, replicas, migration"),
     ({"refresh_s": -1}, "cluster.refresh_s: expected a number >= 0, got -1"),
     ({"n_replicas": 2, "replicas": {2: {}}}, "cluster.replicas.2: not a replica index; allowed: 0 .. 1 "
                                              "(cluster.n_replicas is 2)"),
@@ -49,7 +49,8 @@ def test_check_cluster_merges_integer_and_digit_keys_of_one_replica():
      "cluster.replicas.1.gpu: unknown field; allowed: policy, latency, engine"),
     ({"n_replicas": 2, "replicas": {1: {"engine": {"block_size": 0}}}},
      "cluster.replicas.1.engine.block_size: expected an integer >= 1, got 0"),
-    ("eight", "cluster: expected a mapping of n_replicas, router, router_params, refresh_s, replicas, got 'eight'"),
+    ("eight", "cluster: expected a mapping of n_replicas, router, router_params, refresh_s, replicas, migration, "
+     "got 'eight'"),
 ])
 def test_bad_cluster_section_is_one_line_naming_the_field(section, message):
     assert _message(check_cluster, section) == message
@@ -181,3 +182,53 @@ def test_prefix_groups_8_reproduces_llmd_ordering_on_a_small_cut():
     assert res["llm-d"]["ttft_s"]["p90"] < 0.25 * res["random"]["ttft_s"]["p90"]
     assert res["llm-d"]["cluster"]["prefix_hit_rate"] > 2 * res["random"]["cluster"]["prefix_hit_rate"]
     assert all(s["n_completed"] == 600 and s["cluster"]["n_replicas"] == 8 for s in res.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/cluster.md agrees with the code
+
+
+def _doc() -> str:
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+
+
+def test_the_router_table_lists_every_router_with_its_defaults():
+    from baselines.routers import ROUTERS, make_router
+
+    rows = [line.split("|") for line in _doc().splitlines() if line.startswith("| `")]
+    names = [r[1].strip().strip("`") for r in rows]
+    assert names == list(ROUTERS)
+    for r in rows:
+        router = make_router(r[1].strip().strip("`"))
+        for item in filter(None, (x.strip() for x in r[4].strip().strip("`").split(","))):
+            key, value = (x.strip() for x in item.split("="))
+            assert str(getattr(router, key)) in (value, value + ".0"), (router.name, key)
+
+
+def test_the_documented_cluster_section_and_sessions_workload_check():
+    from llmsched_gym.config import yaml_load
+
+    blocks = _doc().split("```yaml\n")[1:3]
+    section = yaml_load(blocks[0].split("```")[0])["cluster"]
+    assert check_cluster(section)["replicas"][7]["policy"] == "sarathi"
+    wl = build_workload({**yaml_load(blocks[1].split("```")[0])["workload"], "n_requests": 30}, 0)
+    assert len(wl) == 30 and {p[0][1] for p in wl.prefix} == {6000}
+
+
+def test_the_migration_key_passes_llumnix_migration_to_the_cluster():
+    from llmsched_gym.core.cluster import Migration
+
+    over = {"workload.n_requests": 200, "cluster.n_replicas": 4, "cluster.router": "llumnix"}
+    mig = {"interval_s": 0.05, "threshold": 10}
+    a = simulate_cluster("prefix-groups-8", overrides={**over, "cluster.migration": mig})
+    b = simulate_cluster("prefix-groups-8", overrides=over, migration=Migration(**mig))
+    assert a.summary["cluster"]["migration"]["migrations"] == b.summary["cluster"]["migration"]["migrations"] > 0
+    assert {k: v for k, v in a.summary.items() if k != "wall_time_s"} == \
+        {k: v for k, v in b.summary.items() if k != "wall_time_s"}
+    c, _ = make_cluster("prefix-groups-8", overrides={**over, "cluster.migration": None})
+    assert c.migration is None  # null: none, as without the key
+    assert check_cluster({"migration": None}) == {"migration": None}
+    assert _message(make_cluster, "prefix-groups-8", overrides={**over, "cluster.migration.every": 1}).startswith(
+        "cluster.migration.every: unknown setting (allowed: interval_s, threshold")
