@@ -230,8 +230,12 @@ def _disagg(workload, config, latency, pol, router, n_replicas, seed, overrides,
         replicas.append(rep)
         model, tp = transfer_model_of(rep)
         models.append((get_model(p["model"]) if "model" in p else model, p.get("tp", tp)))
+    from baselines.route_pair import PAIR_ROUTERS
+
     if isinstance(router, PairRouter):
         rt = router
+    elif isinstance(router, str) and router in PAIR_ROUTERS:
+        rt = make_pair_router(router, dec, router_params)
     else:
         names = dict(router) if isinstance(router, dict) else {"prefill": router, "decode": router}
         unknown = sorted(set(names) - {"prefill", "decode"})
@@ -295,7 +299,8 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
         (not with ``pools``).
 
     With pools, ``router`` is a router name for both pools, ``{"prefill": name, "decode": name}``,
-    or a :class:`~llmsched_gym.core.disagg.PairRouter`.
+    a pair router's name (:data:`baselines.route_pair.PAIR_ROUTERS`: ``splitwise-mixed``) or a
+    :class:`~llmsched_gym.core.disagg.PairRouter`.
     """
     t0 = time.perf_counter()
     cluster, spec = make_cluster(scenario, policy, router, n_replicas, seed, overrides, router_params, refresh_s,

@@ -328,3 +328,22 @@ def test_transfer_sizing_comes_from_the_batch_time_model() -> None:
     moved = np.isfinite(t["transfer_end_s"])
     want = t["prompt_tokens"][moved] * 327_680 / 1 / 10e9  # min(TP 2, TP 1) = one link
     assert np.allclose(t["transfer_end_s"][moved] - t["transfer_start_s"][moved], want, rtol=1e-12, atol=1e-12)
+
+
+def test_splitwise_mixed_pool_falls_back_to_the_mixed_replica() -> None:
+    """SplitwiseSim's MixedPoolScheduler: request 0 takes the dedicated pools; request 1 (same
+    time) finds the prefill queue long (500 pending + 800 > 100 tokens) and the decode replica too
+    small (800 + 100 > 700 tokens), so both halves go to the mixed replica: it runs whole there."""
+    from baselines.route_pair import SplitwiseMixed
+
+    wl = _wl([0.0, 0.0], [500, 800], [100, 100])
+    reps = [_rep(100_000), _rep(700), _rep(100_000)]
+    c = DisaggCluster(wl, reps, ["prefill", "decode", "mixed"], SplitwiseMixed(prompt_max_pending_tokens=100),
+                      {"bandwidth_gb_s": 1.0}, seed=0)
+    c.run()
+    t = c.request_table()
+    assert t["prefill_replica"].tolist() == [0, 2] and t["decode_replica"].tolist() == [1, 2]
+    assert t["disaggregated"].tolist() == [True, False] and c.summary()["n_completed"] == 2
+    r = simulate_cluster("azure-conv", router="splitwise-mixed", overrides={"workload.n_requests": 60}, seed=0,
+                         pools={"prefill": {"n": 1}, "decode": {"n": 1}, "mixed": {"n": 1}})
+    assert r.summary["cluster"]["router"] == "splitwise-mixed" and r.summary["n_completed"] == 60

@@ -134,7 +134,8 @@ class PairRouter:
     ``baselines.route_pair``). ``reset`` is called once per run with the sizes of the two
     candidate sets (prefill-capable: ``prefill`` and ``mixed`` replicas; decode-capable:
     ``decode`` and ``mixed``); ``route`` returns ``(p, d)``, indices into the two views, with
-    ``p = None`` when the request runs whole on ``d``."""
+    ``p = None`` when the request runs whole on ``d``. Each view's ``roles`` lists its replicas'
+    roles."""
 
     name = "pair"
 
@@ -256,6 +257,8 @@ class DisaggCluster:
         self._hashers: dict[int, KVCache] = {}
         self.pview = ClusterView(_PoolCluster(self, self.prefill_idx))
         self.dview = ClusterView(_PoolCluster(self, self.decode_idx))
+        self.pview.roles = [self.roles[r] for r in self.prefill_idx]  # what a pair router may read of a replica
+        self.dview.roles = [self.roles[r] for r in self.decode_idx]
         self.view = ClusterView(_PoolCluster(self, list(range(len(replicas)))))
         """Every replica's signals (what the routing env observes)."""
         router.reset(len(self.prefill_idx), len(self.decode_idx),
