@@ -690,8 +690,24 @@ class _MergedLog:
     def __init__(self, cluster: Cluster) -> None:
         self._c = cluster
 
-    def columns(self) -> dict[str, np.ndarray]:
-        return self._c.iteration_log()
+    def columns(self) -> _LazyColumns:
+        return _LazyColumns(self._c)
+
+
+class _LazyColumns(dict):
+    """:meth:`Cluster.iteration_log`'s columns built when first read (the summary reads two), in
+    the same order, so that a long run's summary does not hold every column of every replica."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__()
+        self._engines = cluster.engines
+        start = np.concatenate([e.iteration_log()["t_start"] for e in self._engines])
+        self._order = np.argsort(start, kind="stable")
+
+    def __missing__(self, key: str) -> np.ndarray:
+        col = np.concatenate([e.iteration_log()[key] for e in self._engines])[self._order]
+        self[key] = col
+        return col
 
 
 class _Merged:
