@@ -80,7 +80,7 @@ def test_one_replica_has_no_decision() -> None:
 POOLS = {"prefill": {"n": 2}, "decode": {"n": 1}, "mixed": {"n": 1}}
 
 
-@pytest.mark.parametrize("router", ["round-robin", "jsq", "token-jsq", "llm-d", "random"])
+@pytest.mark.parametrize("router", ["round-robin", "jsq", "token-jsq", "llm-d", "random", "splitwise-mixed"])
 def test_pair_experts_replay_exactly(router: str) -> None:
     """With pools the action is a pair; following the pair router (and its decider) reproduces
     simulate_cluster(pools=...) exactly, and the rewards telescope to its total latency."""

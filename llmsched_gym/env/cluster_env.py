@@ -42,7 +42,7 @@ takes them; :mod:`llmsched_gym.core.disagg`): the agent picks a pair for each ar
 * **Reward**: as above, request-seconds in the system (TTFT at the prefill's first token,
   completion on the decode replica).
 * **Expert**: the pair router (``expert`` for both pools, the pools' ``router`` keys, and
-  ``decider``); following :meth:`expert_action` reproduces ``simulate_cluster(..., pools=...)``
+  ``decider``; or ``expert="splitwise-mixed"``); following :meth:`expert_action` reproduces ``simulate_cluster(..., pools=...)``
   exactly.
 """
 
@@ -88,10 +88,12 @@ class LLMSchedClusterEnv(gym.Env):
                  overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
                  pools: dict[str, dict[str, Any]] | None = None, transfer: dict[str, Any] | None = None,
                  decider: str | dict[str, Any] = "always") -> None:
+        from baselines.route_pair import PAIR_ROUTERS
         from baselines.routers import ROUTERS
 
-        if expert not in ROUTERS:
-            raise ConfigError(f"expert: unknown router {expert!r}; allowed: {', '.join(ROUTERS)}")
+        allowed = list(ROUTERS) + (list(PAIR_ROUTERS) if pools is not None else [])
+        if expert not in allowed:
+            raise ConfigError(f"expert: unknown router {expert!r}; allowed: {', '.join(allowed)}")
         self.pools, self.transfer, self.decider = pools, transfer, decider
         if pools is not None:  # the pools' sizes fix N (validated in full at reset)
             sizes = [p.get("n", 1) if isinstance(p, dict) else 0 for p in (pools.values() if isinstance(pools, dict)
