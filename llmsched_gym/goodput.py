@@ -229,7 +229,12 @@ def at_rate(workload: Workload, rate: float) -> Workload:
     """``workload``'s arrival sequence scaled in time to mean rate ``rate`` (common random numbers:
     the same requests in the same order at proportionally shorter or longer gaps)."""
     a = workload.arrival_s
-    return workload.with_(arrival_s=(a - a[0]) * (own_rate(workload) / rate))
+    span = float(a[-1] - a[0])
+    if not span > 0:
+        raise ConfigError("workload.arrival_s: every request arrives at one instant, so no arrival rate can be "
+                          "scaled (give the workload arrivals spread over time)")
+    # (a - a0) / span first: a span near the smallest float would overflow own_rate() / rate
+    return workload.with_(arrival_s=(a - a[0]) / span * ((len(a) - 1) / rate))
 
 
 @dataclass

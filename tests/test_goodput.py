@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from llmsched_gym.cli import main
@@ -112,6 +112,7 @@ def test_parse_slo_rejects_with_one_line(text):
 # --- the search -------------------------------------------------------------------------------
 
 @given(st.lists(st.floats(0.0, 100.0), min_size=2, max_size=50, unique=True), st.floats(0.01, 100.0))
+@example([0.0, 2.2e-309], 1.0)  # a subnormal span: own_rate() alone would overflow
 def test_at_rate_keeps_the_sequence_and_hits_the_mean_rate(arrivals, rate):
     from llmsched_gym.core.request import Workload
 
@@ -120,7 +121,9 @@ def test_at_rate_keeps_the_sequence_and_hits_the_mean_rate(arrivals, rate):
     scaled = at_rate(wl, rate)
     assert math.isclose(own_rate(scaled), rate, rel_tol=1e-9)
     gaps, new_gaps = np.diff(wl.arrival_s), np.diff(scaled.arrival_s)
-    assert np.allclose(new_gaps, gaps * own_rate(wl) / rate, rtol=1e-9, atol=1e-12)  # common random numbers
+    # common random numbers: every gap scaled by one factor (compared as shares of the span, which a
+    # span near the smallest float cannot overflow)
+    assert np.allclose(new_gaps / np.ptp(scaled.arrival_s), gaps / np.ptp(wl.arrival_s), rtol=1e-9, atol=1e-12)
     assert np.array_equal(scaled.prompt_tokens, wl.prompt_tokens)
 
 
@@ -279,3 +282,11 @@ def test_placement_search_scores_every_split_and_refines_the_best():
     cand, best = res.best
     assert cand == res.rows[0][0] and best.goodput > 0
     assert "placement" in res.table() and cand.label() in res.table()
+
+
+def test_at_rate_refuses_a_workload_arriving_at_one_instant():
+    from llmsched_gym.core.request import Workload
+
+    wl = Workload(arrival_s=np.zeros(3), prompt_tokens=np.ones(3, int), output_tokens=np.ones(3, int))
+    with pytest.raises(ConfigError, match=r"^workload\.arrival_s: every request arrives at one instant"):
+        at_rate(wl, 2.0)
