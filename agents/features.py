@@ -65,7 +65,7 @@ class QueueSetExtractor(BaseFeaturesExtractor):
         d = slot_hidden[-1]
         c = context_hidden[-1]
         super().__init__(observation_space, features_dim=2 * d + 2 * c + k * slot_out)
-        self.n_slots, self.n_slot_features = int(k), int(f)
+        self.n_slots, self.n_slot_features, self.slot_dim = int(k), int(f), int(d)
         self.slot = _mlp(f, list(slot_hidden))
         self.slot_score = nn.Linear(d, slot_out) if slot_out else None
         self.running = _mlp(n_run, list(context_hidden))
@@ -73,8 +73,13 @@ class QueueSetExtractor(BaseFeaturesExtractor):
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         q = obs["queue"].reshape(-1, self.n_slots, self.n_slot_features)
-        occupied = (q.abs().sum(-1, keepdim=True) > 0).to(q.dtype)  # (B, K, 1)
-        h = self.slot(q) * occupied
+        present = q.abs().sum(-1) > 0  # (B, K)
+        occupied = present.unsqueeze(-1).to(q.dtype)  # (B, K, 1)
+        if bool(present.all()):
+            h = self.slot(q)
+        else:  # the slot MLP runs on the occupied slots only (about half of them in a training batch)
+            h = q.new_zeros(q.shape[0], self.n_slots, self.slot_dim)
+            h[present] = self.slot(q[present])
         n = occupied.sum(1).clamp(min=1.0)
         mean = h.sum(1) / n
         # embeddings are >= 0 after ReLU, so zeroed empty slots never win the max

@@ -66,6 +66,41 @@ def test_set_encoder_ignores_empty_slots():
     assert torch.allclose(a, b, atol=1e-6)
 
 
+def _dense_reference(ext: QueueSetExtractor, obs: dict) -> torch.Tensor:
+    """The extractor's formula with the slot MLP run on every slot, empty ones masked afterwards."""
+    q = obs["queue"].reshape(-1, ext.n_slots, ext.n_slot_features)
+    occupied = (q.abs().sum(-1, keepdim=True) > 0).to(q.dtype)
+    h = ext.slot(q) * occupied
+    mean = h.sum(1) / occupied.sum(1).clamp(min=1.0)
+    parts = [mean, h.max(1).values, ext.running(obs["running"]), ext.globals(obs["globals"])]
+    if ext.slot_score is not None:
+        parts.append((ext.slot_score(h) * occupied).flatten(1))
+    return torch.cat(parts, dim=1)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_set_encoder_on_occupied_slots_only_equals_the_dense_formula_and_its_gradients(full):
+    ext = _extractor(slot_out=2)
+    rng = np.random.default_rng(1)
+    q = rng.uniform(0.1, 1, (7, 5, 3)).astype(np.float32)
+    if not full:
+        q[rng.uniform(size=(7, 5)) < 0.5] = 0.0  # empty slots, as the env writes them
+        q[0] = 0.0  # an empty queue
+    obs = {"queue": torch.as_tensor(q.reshape(7, -1)), "running": torch.rand(7, 4), "globals": torch.rand(7, 2)}
+    w = torch.randn(7, ext.features_dim)
+    grads = []
+    for f in (ext, lambda o: _dense_reference(ext, o)):
+        ext.zero_grad()
+        out = f(obs)
+        (out * w).sum().backward()
+        grads.append((out.detach(), [p.grad.clone() for p in ext.parameters()]))
+    (a, ga), (b, gb) = grads
+    assert torch.allclose(a, b, atol=1e-6)
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(ga, gb, strict=True))
+    if not full:
+        assert torch.count_nonzero(a[0, :8]) == 0  # an empty queue pools to zeros
+
+
 def test_mean_ci_is_the_t_interval():
     m, half, n = mean_ci([1.0, 2.0, 3.0])
     assert (m, n) == (2.0, 3)
