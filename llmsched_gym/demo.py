@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quick = args.quick
     timesteps = args.timesteps or (1024 if quick else DEMO_TIMESTEPS)
-    hp = {"n_steps": 256, "batch_size": 128, "n_epochs": 2} if quick else {}
+    hp = {"n_steps": 64, "batch_size": 128, "n_epochs": 2} if quick else {}  # 16 envs x 64: one 1,024-step rollout
     overrides = {"workload.n_requests": 100} if quick else {}
     print(f"[1/2] training on {what_runs(args.scenario)['title']} with the scenario's recipe, exactly what "
           f"`llmsched train --scenario {args.scenario}` trains ({timesteps:,} steps at most)")
