@@ -288,3 +288,4 @@ def test_bench_train_reports_every_variant_of_each_mode():
         for r in by_vec.values():
             assert r["steps"] == 64 and r["steps_per_cpu_s"] == pytest.approx(64 / r["learn_cpu_s"])
             assert 0 < r["learn_wall_s"] < r["process_wall_s"] and r["startup_wall_s"] > 0
+            assert r["workload"].startswith("jaillet-high")  # what the run trained on (a stand-in would say so)
