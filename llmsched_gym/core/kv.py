@@ -275,6 +275,28 @@ class KVCache:
         """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
         return list(islice(self._idle, k))
 
+    def idle_count(self) -> int:
+        """Idle cached blocks (held by no running request, evicted first when room is needed)."""
+        return len(self._idle)
+
+    def eviction_victims(self, k: int, freed: list[int], skip: Callable[[int], bool]) -> list[int]:
+        """The ``k`` blocks :meth:`make_room` would evict if ``freed`` became idle first (in that
+        order) and the blocks for which ``skip`` is true were idle no longer: a what-if for the
+        memory ledger, which replays a plan without changing the cache."""
+        if k <= 0:
+            return []
+        if self._priority is None:  # LRU: the idle order, then the blocks freed after it
+            out: list[int] = []
+            for hsh in (*self._idle, *freed):
+                if not skip(hsh):
+                    out.append(hsh)
+                    if len(out) == k:
+                        break
+            return out
+        keyed = [(p, seq, hsh) for hsh, (p, seq) in self._entry.items() if not skip(hsh)]
+        keyed += [(self._priority(hsh), self._seq + i + 1, hsh) for i, hsh in enumerate(freed) if not skip(hsh)]
+        return [hsh for _, _, hsh in heapq.nsmallest(k, keyed)]
+
     def idle_below(self, priority: float) -> int:
         """Idle blocks whose eviction priority is below ``priority`` (priority mode only)."""
         return sum(n for p, n in self._count.items() if p < priority)

@@ -245,12 +245,9 @@ class Ledger:
         engine counts them: the plan's preemptions free their blocks first (shared prefix blocks only
         when no one else holds them), admissions then take their cached prefix blocks (idle ones
         become used) or their swapped-out KV back, and the chunks and decodes of the iteration grow.
-        ``running`` is the engine's running list.
-
-        One case is not replayed: when a swapped-out request comes back, the engine evicts idle
-        cached blocks to make room for its KV, and a later admission of the same plan may have
-        counted a hit on one of them; the count can then be off by those blocks (the sign, which
-        decides, agreed in every random state the tests drew)."""
+        ``running`` is the engine's running list. A swapped-out request that comes back evicts
+        idle cached blocks to make room for its KV, as the engine does, so a later admission of the
+        same plan no longer hits them."""
         bs, emit = self.bs, self.emit
         kvt, prefilled, target, gen, state = self.kvt, self.prefilled, self.target, self.gen, self.state
         swapped, kv = self.swapped, self.kv
@@ -284,7 +281,10 @@ class Ledger:
                 chunks.append((rid, chunk, int(kvt[rid]), int(target[rid] - prefilled[rid])))
                 continue
             if sw:
-                tally.used += -(-k // bs)
+                blocks = -(-k // bs)
+                if kv.enabled:
+                    tally.make_room(blocks)
+                tally.used += blocks
                 swap_s |= k > 0
             elif kv.enabled:
                 k = p = tally.acquire(rid) * bs
@@ -339,12 +339,15 @@ class _Tally:
     """Blocks in use after hypothetical preemptions and admissions, replaying the prefix cache's
     reference counts without changing the cache."""
 
-    __slots__ = ("led", "used", "refs")
+    __slots__ = ("led", "used", "refs", "idle", "freed", "evicted")
 
     def __init__(self, ledger: Ledger) -> None:
         self.led = ledger
         self.used = ledger.kv.used_blocks
         self.refs: dict[int, int] = {}  # reference counts changed so far
+        self.idle = ledger.kv.idle_count() if ledger.kv.enabled else 0  # idle cached blocks
+        self.freed: list[int] = []  # blocks the preemptions made idle, in the order the cache queues them
+        self.evicted: set[int] = set()  # idle blocks make_room evicted
 
     def _ref(self, h: int) -> int:
         return self.refs[h] if h in self.refs else self.led.kv.references(h)
@@ -358,10 +361,15 @@ class _Tally:
         self.used -= -(-int(led.kvt[rid]) // led.bs) - shared
         if shared:
             refs = self.refs
+            idle = []
             for h in kv.block_hashes(rid)[:shared]:
                 r = self._ref(h) - 1
                 refs[h] = r
-                self.used -= r == 0
+                if r == 0:
+                    idle.append(h)
+            self.used -= len(idle)
+            self.idle += len(idle)
+            self.freed += reversed(idle)  # the cache releases a request's blocks tail first
 
     def acquire(self, rid: int) -> int:
         """Waiting ``rid`` is admitted: it references its cached head blocks (idle ones become
@@ -369,8 +377,25 @@ class _Tally:
         kv = self.led.kv
         m = kv.match_blocks(rid)
         refs = self.refs
-        for h in kv.block_hashes(rid)[:m]:
+        hashes = kv.block_hashes(rid)[:m]
+        for i, h in enumerate(hashes):
+            if h in self.evicted:  # the match ends at the first block a swap-in evicted
+                return i
             r = self._ref(h)
-            self.used += r == 0
+            if r == 0:
+                self.used += 1
+                self.idle -= 1
             refs[h] = r + 1
         return m
+
+    def make_room(self, blocks: int) -> None:
+        """A swapped-out request comes back with ``blocks`` blocks: idle cached blocks are
+        evicted (LRU first, or by the cache's eviction priority) until they fit, as
+        :meth:`KVCache.make_room` does."""
+        kv = self.led.kv
+        excess = self.used + self.idle + blocks - kv.capacity_blocks
+        if excess > 0 and self.idle:
+            gone = kv.eviction_victims(excess, self.freed,
+                                       lambda h: h in self.evicted or self._ref(h) > 0)
+            self.evicted.update(gone)
+            self.idle -= len(gone)
