@@ -78,6 +78,14 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
     """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`) and the checked scenario; a
     :class:`DisaggCluster` with ``pools``."""
     spec = resolve_scenario(scenario, overrides)
+    section = spec.get("cluster") or {}
+    if pools is None and section.get("pools"):  # the scenario's pools; the arguments win
+        pools = section["pools"]
+        transfer = section.get("transfer") if transfer is None else transfer
+        decider = section.get("decider", "always") if decider == "always" else decider
+        router = section.get("router") if router is None else router
+    elif pools is None and ("transfer" in section or "decider" in section):
+        raise ConfigError("cluster.transfer: transfer and decider apply to pools; set cluster.pools as well")
     if pools is None and (transfer is not None or decider != "always"):
         raise ConfigError("cluster.transfer: transfer and decider apply to pools; give pools= as well")
     if pools is not None and migration is not None:

@@ -227,6 +227,10 @@ CLUSTER: dict[str, Setting] = {
     "refresh_s": Setting("float", ge=0),
     "replicas": Setting("dict"),  # replica index -> the fields below, replacing the scenario's
     "migration": Setting("dict", nullable=True),  # Llumnix's live migration (core.cluster.Migration's fields)
+    # disaggregated serving (core.disagg, simulate_cluster's pools/transfer/decider, checked where built)
+    "pools": Setting("dict", nullable=True),  # prefill, decode (and mixed): {n, latency, engine, policy, router, model, tp}
+    "transfer": Setting("dict"),  # the KV link: bandwidth_gb_s, base_s, shared_link, link, first_token
+    "decider": Setting(("str", "dict")),  # always, never, {kind: prompt_len, min}, {kind: prefix_hit, min_uncached}
 }
 #: One entry of ``cluster.replicas``: what differs on that replica.
 REPLICA: dict[str, Setting] = {
@@ -331,6 +335,10 @@ def single_engine(spec: Mapping[str, Any]) -> None:
     overrides is the plain engine (its router has nothing to choose)."""
     c = spec.get("cluster") or {}
     n = c.get("n_replicas", 1)
+    if c.get("pools"):
+        raise ConfigError("cluster.pools: this scenario declares prefill/decode pools, which one engine cannot serve; "
+                          "run it with `llmsched cluster run` (simulate_cluster()) or `llmsched goodput`, or as one "
+                          "engine with --set cluster.pools=null")
     if n > 1 or c.get("replicas"):
         what = f"a cluster of {n} replicas" if n > 1 else "a replica with overrides of its own (cluster.replicas)"
         one = "--set cluster.n_replicas=1" + (" --set cluster.replicas={}" if c.get("replicas") else "")

@@ -114,12 +114,17 @@ class Serving:
 
         return resolve_scenario(self.scenario, self.overrides)
 
+    def pools_(self) -> dict[str, dict[str, Any]] | None:
+        """The pools this setup runs: :attr:`pools`, else the scenario's ``cluster.pools``."""
+        return self.pools or (self.spec().get("cluster") or {}).get("pools") or None
+
     def gpus(self) -> int:
         """GPUs this setup occupies: replicas x tensor-parallel degree, summed over pools."""
         spec = self.spec()
         base = spec.get("latency", "unit")
-        if self.pools:
-            return sum(int(p.get("n", 1)) * _latency_gpus(p.get("latency", base)) for p in self.pools.values())
+        pools = self.pools_()
+        if pools:
+            return sum(int(p.get("n", 1)) * _latency_gpus(p.get("latency", base)) for p in pools.values())
         c = self.cluster()
         return sum(_latency_gpus(c["replicas"].get(r, {}).get("latency", base)) for r in range(c["n_replicas"]))
 
@@ -137,8 +142,9 @@ class Serving:
         pol = self.policy if isinstance(self.policy, str | type(None)) else self.policy.get("name")
         pol = pol or self.spec().get("policy", "fcfs")
         pol = pol if isinstance(pol, str) else pol.get("name", "?")
-        if self.pools:
-            return "disaggregated " + ", ".join(f"{k} {v.get('n', 1)}" for k, v in self.pools.items()) + f" ({pol})"
+        pools = self.pools_()
+        if pools:
+            return "disaggregated " + ", ".join(f"{k} {v.get('n', 1)}" for k, v in pools.items()) + f" ({pol})"
         c = self.cluster()
         if c["n_replicas"] == 1:
             return f"one replica ({pol})"

@@ -347,3 +347,26 @@ def test_splitwise_mixed_pool_falls_back_to_the_mixed_replica() -> None:
     r = simulate_cluster("azure-conv", router="splitwise-mixed", overrides={"workload.n_requests": 60}, seed=0,
                          pools={"prefill": {"n": 1}, "decode": {"n": 1}, "mixed": {"n": 1}})
     assert r.summary["cluster"]["router"] == "splitwise-mixed" and r.summary["n_completed"] == 60
+
+
+def test_a_scenario_cluster_section_declares_the_pools() -> None:
+    """``cluster: {pools, transfer, decider, router}`` in a scenario runs the same system as the
+    arguments; one engine refuses such a scenario in one line; transfer without pools is refused."""
+    from llmsched_gym.goodput import Serving
+    from llmsched_gym.sim import simulate
+
+    pools = {"prefill": {"n": 1}, "decode": {"n": 2, "policy": "vllm-v1"}}
+    transfer, decider = {"bandwidth_gb_s": 2.0}, {"kind": "prompt_len", "min": 64}
+    kw = dict(seed=3, overrides={"workload.n_requests": 80})
+    by_args = simulate_cluster("azure-conv", router="lor", pools=pools, transfer=transfer, decider=decider, **kw)
+    section = {"cluster.pools": pools, "cluster.transfer": transfer, "cluster.decider": decider,
+               "cluster.router": "lor", "workload.n_requests": 80}
+    by_section = simulate_cluster("azure-conv", seed=3, overrides=section)
+    for key in ("decode_replica", "prefill_replica", "completion_s", "transfer_end_s"):
+        assert np.array_equal(by_args.requests[key], by_section.requests[key], equal_nan=True), key
+    assert 0 < by_section.summary["pools"]["disaggregated"] < 80  # the decider kept short prompts whole
+    assert Serving("azure-conv", overrides=section).gpus() == 3
+    with pytest.raises(ConfigError, match=r"^cluster\.pools: this scenario declares prefill/decode pools"):
+        simulate("azure-conv", overrides=section)
+    with pytest.raises(ConfigError, match=r"^cluster\.transfer: transfer and decider apply to pools"):
+        simulate_cluster("azure-conv", overrides={"cluster.transfer": transfer, "workload.n_requests": 5})
