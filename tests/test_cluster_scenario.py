@@ -40,7 +40,7 @@ def test_check_cluster_merges_integer_and_digit_keys_of_one_replica():
 @pytest.mark.parametrize("section, message", [
     ({"n_replicas": 0}, "cluster.n_replicas: expected an integer in [1, 4,096], got 0"),
     ({"n_replicas": 2.5}, "cluster.n_replicas: expected an integer in [1, 4,096], got 2.5"),
-    ({"routr": "lor"}, "cluster.routr: unknown field; allowed: n_replicas, router, router_params, refresh_s, replicas, migration"),
+    ({"routr": "lor"}, "cluster.routr: unknown field; allowed: n_replicas, router, router_params, refresh_s, replicas, migration, pools, transfer, decider"),
     ({"refresh_s": -1}, "cluster.refresh_s: expected a number >= 0, got -1"),
     ({"n_replicas": 2, "replicas": {2: {}}}, "cluster.replicas.2: not a replica index; allowed: 0 .. 1 "
                                              "(cluster.n_replicas is 2)"),
@@ -50,7 +50,7 @@ def test_check_cluster_merges_integer_and_digit_keys_of_one_replica():
     ({"n_replicas": 2, "replicas": {1: {"engine": {"block_size": 0}}}},
      "cluster.replicas.1.engine.block_size: expected an integer >= 1, got 0"),
     ("eight", "cluster: expected a mapping of n_replicas, router, router_params, refresh_s, replicas, migration, "
-     "got 'eight'"),
+     "pools, transfer, decider, got 'eight'"),
 ])
 def test_bad_cluster_section_is_one_line_naming_the_field(section, message):
     assert _message(check_cluster, section) == message
