@@ -161,13 +161,8 @@ class Serving:
                 extra["transfer"] = self.transfer
             if self.decider is not None:
                 extra["decider"] = self.decider
-        try:
-            res = simulate_cluster(self.scenario, self.policy, self.router, self.n_replicas, seed, self.overrides,
-                                   workload=workload, **extra)
-        except TypeError as e:
-            if extra and "unexpected keyword" in str(e):
-                raise ConfigError("pools: this version of simulate_cluster has no prefill/decode pools") from None
-            raise
+        res = simulate_cluster(self.scenario, self.policy, self.router, self.n_replicas, seed, self.overrides,
+                               workload=workload, **extra)
         return res.requests
 
 

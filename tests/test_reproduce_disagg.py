@@ -36,7 +36,6 @@ def test_distserve_colocated_tpot_binds_before_ttft_as_in_figure1():
     assert 0 < tpot < ttft
 
 
-@pytest.mark.skipif(not distserve.pools_available(), reason="prefill/decode pools have not landed")
 def test_distserve_2p1d_beats_one_colocated_gpu_per_gpu_under_the_tight_tpot():
     fig1 = distserve.fig1_scenario(n_requests=200)
     kw = {"n_requests": None, "rel_tol": 0.1}
@@ -68,8 +67,8 @@ def test_splitwise_machine_is_one_tp8_replica_with_its_memory():
     assert Serving(spec, n_replicas=2).gpus() == 16
 
 
-@pytest.mark.skipif(not (splitwise.have_profiles() and distserve.pools_available()),
-                    reason="needs Vidur's Llama-2-70B profiles and the pools")
+@pytest.mark.skipif(not splitwise.have_profiles(),
+                    reason="needs Vidur's Llama-2-70B profiles")
 def test_splitwise_transfer_share_is_the_transfer_over_e2e():
     conv = splitwise.scenario("a100", 60)
     serving = Serving(conv, router="lor", pools={"prefill": {"n": 1}, "decode": {"n": 1}}, transfer={"link": "ib-hdr"})

@@ -623,7 +623,7 @@ class Cluster:
             "busy_imbalance": float(busy.max() / busy.mean()) if busy.sum() else 1.0,
             "prefix_hit_rate": s.get("prefix_hit_rate", 0.0),
             "prefix_hit_tokens": int(hit),
-            "replicas": [{k: p[k] for k in _REPLICA_KEYS if k in p} for p in per],
+            "replicas": [{k: p[k] for k in REPLICA_KEYS if k in p} for p in per],
         }
         if self.migration is not None:
             log = self.migration_log
@@ -658,7 +658,8 @@ class Cluster:
         return {k: v[order] for k, v in cols.items()}
 
 
-_REPLICA_KEYS = ("n_arrived", "n_completed", "n_rejected", "n_unfinished", "iterations", "busy_frac",
+#: The per-replica part of a cluster's summary (``summary["cluster"]["replicas"]``).
+REPLICA_KEYS = ("n_arrived", "n_completed", "n_rejected", "n_unfinished", "iterations", "busy_frac",
                  "kv_peak_frac", "kv_mean_frac", "preemptions", "prefix_hit_rate", "ttft_s", "e2e_s",
                  "throughput_tokens_per_s", "stop_reason", "serving")
 
@@ -675,11 +676,14 @@ def _replica_seed(seed: int, r: int) -> int:
 
 _PER_REQUEST = ("state", "completion_s", "first_token_s", "first_scheduled_s", "prefilled", "generated",
                 "preemptions", "recomputed_tokens", "cached_tokens")
-_SUMMED = ("n_iterations", "total_decoded", "n_preempt_events", "n_overflow_events", "n_clears",
+#: Engine counters a cluster's summary adds over its replicas.
+SUMMED_COUNTERS = ("n_iterations", "total_decoded", "n_preempt_events", "n_overflow_events", "n_clears",
            "discarded_tokens", "total_prefill_tokens")
 
 
-class _MergedKV:
+class MergedKV:
+    """The replicas' KV caches as one, for :func:`summarize`: total capacity and evictions."""
+
     def __init__(self, engines: list[Engine]) -> None:
         self.block_size = engines[0].kv.block_size
         self.capacity_tokens = sum(e.kv.capacity_tokens for e in engines)
@@ -728,11 +732,11 @@ class _Merged:
                 keep = e.state != MIGRATED  # a migrated request's record is its last replica's
                 out[ids[keep]] = getattr(e, name)[keep]
             setattr(self, name, out)
-        for name in _SUMMED:
+        for name in SUMMED_COUNTERS:
             setattr(self, name, sum(getattr(e, name) for e in engines))
         k = len(engines)
         self.clock = max(e.clock for e in engines)
-        self.kv = _MergedKV(engines)
+        self.kv = MergedKV(engines)
         # peak and time integral in replica-0 blocks over the total capacity: the mean replica
         bs = self.kv.block_size
         self.kv_peak_blocks = sum(e.kv_peak_blocks * e.kv.block_size for e in engines) / bs

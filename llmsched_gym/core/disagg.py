@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.cluster import ClusterView, Replica
+from llmsched_gym.core.cluster import REPLICA_KEYS, SUMMED_COUNTERS, ClusterView, MergedKV, Replica
 from llmsched_gym.core.engine import DONE, REJECTED, RUNNING, Engine
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.metrics import summarize
@@ -525,7 +525,9 @@ class DisaggCluster:
             "busy_imbalance": float(busy.max() / busy.mean()) if busy.sum() else 1.0,
             "prefix_hit_rate": s.get("prefix_hit_rate", 0.0),
             "prefix_hit_tokens": int(sum(p.get("prefix_hit_tokens", 0) for p in per)),
-            "replicas": [{"role": self.roles[r], **{k: p[k] for k in _REPLICA_KEYS if k in p}}
+            # not a replica's `serving` set: a prefill replica's rows are one-token prefills and a
+            # decode replica's start at the hand-off, so their TTFT/TPOT are not the requests'
+            "replicas": [{"role": self.roles[r], **{k: p[k] for k in REPLICA_KEYS if k in p and k != "serving"}}
                          for r, p in enumerate(per)],
         }
         s["pools"] = self._pools(per)
@@ -603,20 +605,6 @@ def _checked(x: Any, n: int, router: Any, rid: int) -> int:
     return int(x)
 
 
-_REPLICA_KEYS = ("n_arrived", "n_completed", "n_rejected", "n_unfinished", "iterations", "busy_frac",
-                 "kv_peak_frac", "kv_mean_frac", "preemptions", "prefix_hit_rate", "ttft_s", "e2e_s",
-                 "throughput_tokens_per_s", "stop_reason")
-_SUMMED = ("n_iterations", "total_decoded", "n_preempt_events", "n_overflow_events", "n_clears",
-           "discarded_tokens", "total_prefill_tokens")
-
-
-class _MergedKV:
-    def __init__(self, engines: list[Engine]) -> None:
-        self.block_size = engines[0].kv.block_size
-        self.capacity_tokens = sum(e.kv.capacity_tokens for e in engines)
-        self.evicted_blocks = sum(e.kv.evicted_blocks for e in engines)
-
-
 class _Log:
     def __init__(self, c: DisaggCluster) -> None:
         self._c = c
@@ -665,11 +653,11 @@ class _Records:
             self.state[g2] = e.state[l2]
             self.completion_s[g2] = e.completion_s[l2]
             self.generated[g2] = e.generated[l2]
-        for name in _SUMMED:
+        for name in SUMMED_COUNTERS:
             setattr(self, name, sum(getattr(e, name) for e in engines))
         k = len(engines)
         self.clock = max(e.clock for e in engines)
-        self.kv = _MergedKV(engines)
+        self.kv = MergedKV(engines)
         bs = self.kv.block_size
         self.kv_peak_blocks = sum(e.kv_peak_blocks * e.kv.block_size for e in engines) / bs
         self.kv_time_integral = sum(e.kv_time_integral * e.kv.block_size for e in engines) / bs

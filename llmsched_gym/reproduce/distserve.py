@@ -30,11 +30,10 @@ docs/disaggregation.md has goodput figures on the Azure conversation trace as th
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from llmsched_gym.goodput import GoodputResult, Serving, find_goodput
-from llmsched_gym.reproduce.report import PaperReport, Plot, Row, not_comparable, ordering_verdict, within
+from llmsched_gym.reproduce.report import PaperReport, Plot, Row, ordering_verdict, within
 
 LATENCY = "roofline:llama-2-13b/a100"
 """OPT-13B's stand-in (same shape) on one A100-80GB."""
@@ -44,13 +43,6 @@ TRANSFER = {"link": "nvlink-a100"}
 
 FIG1_SLO = {"ttft_s": 0.4, "tpot_s": 0.04}
 """Figure 1's targets, met by 90% of requests."""
-
-
-def pools_available() -> bool:
-    """Whether :func:`llmsched_gym.cluster_sim.simulate_cluster` has prefill/decode pools."""
-    from llmsched_gym.cluster_sim import simulate_cluster
-
-    return "pools" in inspect.signature(simulate_cluster).parameters
 
 
 def fig1_scenario(output: int = 64, prompt: int = 512, n_requests: int = 600, policy: str = "vllm-v0") -> dict[str, Any]:
@@ -114,14 +106,6 @@ def run(quick: bool = False) -> PaperReport:
                            {"ttft_s": FIG1_SLO["ttft_s"]}, seeds, tol)
     rows.append(Row("Fig. 1: a prefill-only GPU (TTFT <= 0.4 s, req/s)", "5.6", f"{prefill_only.goodput:.2f}",
                     within(prefill_only.goodput, 5.6, 0.25)))
-    if not pools_available():
-        reason = "this checkout's cluster has no prefill/decode pools"
-        for claim in ("Fig. 1: 2P1D goodput per GPU over colocated", "tight TPOT: disaggregated beats colocated",
-                      "loose SLOs: colocated wins", "short outputs: colocated wins"):
-            rows.append(Row(claim, "-", "-", not_comparable(reason)))
-        return PaperReport("distserve", "DistServe (Zhong et al., OSDI 2024)", rows, plots, notes,
-                           config=f"{LATENCY}, vllm-v0; seeds {list(seeds)}, {n} requests per rate")
-
     # a decode-only GPU: 3 prefill GPUs feeding one decode GPU, TPOT only (prefill is not the bottleneck)
     decode_only = _search(Serving(fig1, router="lor", pools=pools(3, 1), transfer=TRANSFER), {"tpot_s": FIG1_SLO["tpot_s"]}, seeds, tol)
     rows.append(Row("Fig. 1: a decode-only GPU (TPOT <= 0.04 s; 3P1D with TPOT only, req/s)", "10",

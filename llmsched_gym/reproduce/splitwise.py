@@ -34,7 +34,6 @@ from dataclasses import replace
 from typing import Any
 
 from llmsched_gym.goodput import GoodputResult, Serving, find_goodput
-from llmsched_gym.reproduce.distserve import pools_available
 from llmsched_gym.reproduce.report import PaperReport, Plot, Row, not_comparable, ordering_verdict, within
 
 MODEL = "llama-2-70b"
@@ -148,11 +147,6 @@ def run(quick: bool = False) -> PaperReport:
                                    "prompt H100": ([t / 512 for t in prompt_h], list(prompt_h.values())),
                                    "token A100": (list(token_a), list(token_a.values())),
                                    "token H100": (list(token_h), list(token_h.values()))}, logy=True))
-    if not pools_available():
-        for claim in ("Splitwise-AA vs Baseline-A100", "Splitwise-AA vs Baseline-H100 at the same cost"):
-            rows.append(Row(claim, "-", "-", not_comparable("this checkout's cluster has no prefill/decode pools")))
-        return PaperReport("splitwise", "Splitwise (Patel et al., ISCA 2024)", rows, plots, notes)
-
     # sections 4-6: split clusters against colocated ones on the conversation trace
     n_a, n_h = 4, 2  # 4 DGX-A100 cost 4; 2 DGX-H100 cost 4.32: the same cost within 8%
     conv_a, conv_h = scenario("a100", n), scenario("h100", n)
