@@ -1,4 +1,4 @@
-"""Cluster-level figures for issue 28: the published router orderings on their workloads, and
+"""Cluster-level figures: the published router orderings on their workloads, and
 the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a table at the end).
 
     PYTHONPATH=$PWD python tools/cluster_bench.py llmd [--requests-per-level 2400]
@@ -25,7 +25,7 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
   questions and outputs; vLLM v1 replicas of the ``mooncake-conv`` scenario), wall time and the
   peak memory (RSS) of the process. ``--per-replica P`` gives every replica the same workload
   (N x P requests), so the cost per request at N replicas compares with one replica's. The scale
-  run of issue 28 (64 replicas, 1M requests, one core):
+  run (64 replicas, 1M requests, one core):
 
       nice -n 10 python tools/cluster_bench.py speed --replicas 64 --requests 1000000 --router lor
 """

@@ -283,11 +283,11 @@ class LLMSchedEnv(gym.Env):
     is rejected at its arrival under every information model (the engine's rule, as a server
     rejects ``max_tokens`` beyond its capacity).
 
-    **Version history.** ``LLMSched-v1`` (issue 25): information models; under ``blind`` the
+    **Version history.** ``LLMSched-v1``: information models; under ``blind`` the
     output-length features are replaced as above and prediction-based choices are refused or
     masked; ``info["information"]`` and ``info["env"]`` on every step, ``summary["env"]``; with a
-    clairvoyant or predicted scenario the observations, masks and rewards are v0's. Issue 26
-    changed the ``fairness`` component within v1 (its old sum was fixed by the workload; see
+    clairvoyant or predicted scenario the observations, masks and rewards are v0's. A later v1 release
+    changed the ``fairness`` component (its old sum was fixed by the workload; see
     :mod:`~llmsched_gym.env.reward`): rewards with a fairness weight, and
     ``info["reward_components"]["fairness"]`` of multi-client workloads, differ from before.
     ``LLMSched-v0``: the first version (its default action mode became ``select`` without a

@@ -25,7 +25,7 @@ component      raw value of one step (the weight multiplies it; ``info["reward_c
 Sums telescope: the latency, throughput, eviction and SLO components of a whole episode add up to
 the run's totals, whatever the number of iterations simulated between decisions.
 
-The fairness component before issue 26 was minus the growth of the maximum service difference
+The fairness component of earlier v1 releases was minus the growth of the maximum service difference
 between clients. That sum telescopes to minus the *final* difference, which the workload alone
 fixes when every request completes (each client's total service is then its requests' cost): two
 schedules of the same workload, however unfair on the way, earned the same fairness return.
