@@ -150,7 +150,8 @@ def cluster_tables(summary: dict[str, Any]) -> list[Any]:
     for name, _ in cols:
         r.add_column(name, justify="right")
     for i, rep in enumerate(c["replicas"]):
-        r.add_row(str(i), str(c["routed"][i]), *(_fmt(_get(rep, path) if "." in path else rep.get(path, math.nan))
+        name = f"{i} {rep['role']}" if "role" in rep else str(i)  # a pool's role (prefill, decode, mixed)
+        r.add_row(name, str(c["routed"][i]), *(_fmt(_get(rep, path) if "." in path else rep.get(path, math.nan))
                                                for _, path in cols[2:]))
     return [t, r]
 
