@@ -352,11 +352,14 @@ def test_splitwise_mixed_pool_falls_back_to_the_mixed_replica() -> None:
 def test_a_scenario_cluster_section_declares_the_pools() -> None:
     """``cluster: {pools, transfer, decider, router}`` in a scenario runs the same system as the
     arguments; one engine refuses such a scenario in one line; transfer without pools is refused."""
+    from llmsched_gym.core.scenarios import build_scenario, resolve_scenario
     from llmsched_gym.goodput import Serving
     from llmsched_gym.sim import simulate
 
+    wl, _, _ = build_scenario(resolve_scenario("azure-conv", {"workload.n_requests": 80}), 3)
     pools = {"prefill": {"n": 1}, "decode": {"n": 2, "policy": "vllm-v1"}}
-    transfer, decider = {"bandwidth_gb_s": 2.0}, {"kind": "prompt_len", "min": 64}
+    # the median prompt: some requests are kept whole, on the trace and on its synthetic stand-in alike
+    transfer, decider = {"bandwidth_gb_s": 2.0}, {"kind": "prompt_len", "min": int(np.median(wl.prompt_tokens))}
     kw = dict(seed=3, overrides={"workload.n_requests": 80})
     by_args = simulate_cluster("azure-conv", router="lor", pools=pools, transfer=transfer, decider=decider, **kw)
     section = {"cluster.pools": pools, "cluster.transfer": transfer, "cluster.decider": decider,
