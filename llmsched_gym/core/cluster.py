@@ -681,6 +681,22 @@ SUMMED_COUNTERS = ("n_iterations", "total_decoded", "n_preempt_events", "n_overf
            "discarded_tokens", "total_prefill_tokens")
 
 
+def merge_totals(merged: Any, engines: Sequence[Engine]) -> None:
+    """Set on ``merged`` (records read as one engine's by :func:`summarize`) the replicas' totals:
+    the summed counters, the last clock, the KV (peak and time integral in replica 0's blocks over
+    the total capacity: the mean replica), the mean busy time and the stop reasons."""
+    for name in SUMMED_COUNTERS:
+        setattr(merged, name, sum(getattr(e, name) for e in engines))
+    merged.clock = max(e.clock for e in engines)
+    merged.kv = MergedKV(engines)
+    bs = merged.kv.block_size
+    merged.kv_peak_blocks = sum(e.kv_peak_blocks * e.kv.block_size for e in engines) / bs
+    merged.kv_time_integral = sum(e.kv_time_integral * e.kv.block_size for e in engines) / bs
+    merged.busy_time = sum(e.busy_time for e in engines) / len(engines)
+    merged.non_terminating = any(e.non_terminating for e in engines)
+    merged.stop_reason = "; ".join(sorted({e.stop_reason for e in engines}))
+
+
 class MergedKV:
     """The replicas' KV caches as one, for :func:`summarize`: total capacity and evictions."""
 
@@ -732,19 +748,7 @@ class _Merged:
                 keep = e.state != MIGRATED  # a migrated request's record is its last replica's
                 out[ids[keep]] = getattr(e, name)[keep]
             setattr(self, name, out)
-        for name in SUMMED_COUNTERS:
-            setattr(self, name, sum(getattr(e, name) for e in engines))
-        k = len(engines)
-        self.clock = max(e.clock for e in engines)
-        self.kv = MergedKV(engines)
-        # peak and time integral in replica-0 blocks over the total capacity: the mean replica
-        bs = self.kv.block_size
-        self.kv_peak_blocks = sum(e.kv_peak_blocks * e.kv.block_size for e in engines) / bs
-        self.kv_time_integral = sum(e.kv_time_integral * e.kv.block_size for e in engines) / bs
-        self.busy_time = sum(e.busy_time for e in engines) / k
-        self.non_terminating = any(e.non_terminating for e in engines)
-        reasons = sorted({e.stop_reason for e in engines})
-        self.stop_reason = "; ".join(reasons)
+        merge_totals(self, engines)
         self.log = _MergedLog(c)
         self.reject_reason = {int(ids[i]): why for e, ids in zip(engines, c.ids, strict=True)
                               for i, why in e.reject_reason.items()}

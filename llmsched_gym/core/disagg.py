@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.cluster import REPLICA_KEYS, SUMMED_COUNTERS, ClusterView, MergedKV, Replica
+from llmsched_gym.core.cluster import REPLICA_KEYS, ClusterView, Replica, merge_totals
 from llmsched_gym.core.engine import DONE, REJECTED, RUNNING, Engine
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.metrics import summarize
@@ -653,17 +653,7 @@ class _Records:
             self.state[g2] = e.state[l2]
             self.completion_s[g2] = e.completion_s[l2]
             self.generated[g2] = e.generated[l2]
-        for name in SUMMED_COUNTERS:
-            setattr(self, name, sum(getattr(e, name) for e in engines))
-        k = len(engines)
-        self.clock = max(e.clock for e in engines)
-        self.kv = MergedKV(engines)
-        bs = self.kv.block_size
-        self.kv_peak_blocks = sum(e.kv_peak_blocks * e.kv.block_size for e in engines) / bs
-        self.kv_time_integral = sum(e.kv_time_integral * e.kv.block_size for e in engines) / bs
-        self.busy_time = sum(e.busy_time for e in engines) / k
-        self.non_terminating = any(e.non_terminating for e in engines)
-        self.stop_reason = "; ".join(sorted({e.stop_reason for e in engines}))
+        merge_totals(self, engines)
         self.log = _Log(c)
         self.engine = self
 
