@@ -359,10 +359,7 @@ class Cluster:
 
     def hasher(self, block_size: int) -> KVCache:
         """A prefix-hash index of the global workload (no memory accounting: its hashes only)."""
-        h = self._hashers.get(block_size)
-        if h is None:
-            h = self._hashers[block_size] = KVCache(block_size, block_size, self.workload, True, False)
-        return h
+        return prefix_hasher(self._hashers, self.workload, block_size)
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -679,6 +676,15 @@ _PER_REQUEST = ("state", "completion_s", "first_token_s", "first_scheduled_s", "
 #: Engine counters a cluster's summary adds over its replicas.
 SUMMED_COUNTERS = ("n_iterations", "total_decoded", "n_preempt_events", "n_overflow_events", "n_clears",
            "discarded_tokens", "total_prefill_tokens")
+
+
+def prefix_hasher(cache: dict[int, KVCache], workload: Workload, block_size: int) -> KVCache:
+    """The prefix-hash index of ``workload`` at ``block_size`` (no memory accounting: its hashes
+    only), built once per block size into ``cache``."""
+    h = cache.get(block_size)
+    if h is None:
+        h = cache[block_size] = KVCache(block_size, block_size, workload, True, False)
+    return h
 
 
 def merge_totals(merged: Any, engines: Sequence[Engine]) -> None:

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.cluster import REPLICA_KEYS, ClusterView, Replica, merge_totals
+from llmsched_gym.core.cluster import REPLICA_KEYS, ClusterView, Replica, merge_totals, prefix_hasher
 from llmsched_gym.core.engine import DONE, REJECTED, RUNNING, Engine
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.metrics import summarize
@@ -290,10 +290,7 @@ class DisaggCluster:
 
     def hasher(self, block_size: int) -> KVCache:
         """A prefix-hash index of the global workload (its hashes only)."""
-        h = self._hashers.get(block_size)
-        if h is None:
-            h = self._hashers[block_size] = KVCache(block_size, block_size, self.workload, True, False)
-        return h
+        return prefix_hasher(self._hashers, self.workload, block_size)
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self) -> None:
