@@ -131,6 +131,27 @@ def test_paged_kv_gather_equals_contiguous_attention_for_one_request(executor):
     executor.release(8)
 
 
+def test_decode_attention_in_bounded_groups_gives_the_logits_of_one_group():
+    """Eight decodes of different contexts: with a 48-slot bound they run in several groups
+    sorted by context (none over the bound unless alone); the logits equal the one-group run's."""
+    contexts = [5, 40, 12, 33, 7, 21, 64, 2]
+    out = []
+    for bound in (10**6, 48):
+        ex = LlamaExecutor(TINY, device="cpu", num_blocks=64, block_size=16, decode_chunk_tokens=bound)
+        groups = ex._decode_chunks([c + 1 for c in contexts])
+        out.append(ex.forward_tokens([], [(i, c) for i, c in enumerate(contexts)],
+                                     torch.arange(len(contexts)) % TINY.vocab))
+        if bound == 48:
+            assert len(groups) > 1 and sorted(i for g in groups for i in g) == list(range(len(contexts)))
+            for g in groups:
+                longest = max(contexts[i] + 1 for i in g)
+                assert len(g) * longest <= 48 or len(g) == 1
+                assert [contexts[i] for i in g] == sorted(contexts[i] for i in g)
+        else:
+            assert len(groups) == 1
+    assert torch.linalg.norm(out[0] - out[1]) / torch.linalg.norm(out[0]) < 1e-5
+
+
 def _write_synthetic_log(path) -> None:
     """Three requests: chunked prefill, a cached prefix, a preemption with recompute, an idle gap."""
     batches = [

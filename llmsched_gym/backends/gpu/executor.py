@@ -13,8 +13,9 @@ request's K/V from the pool (a production engine reads the blocks in place insid
 paged-attention kernel; see README.md).
 
 Attention: prefill chunks run one ``scaled_dot_product_attention`` call each (causal, offset by
-the request's context before the chunk); all decode tokens run together as one padded, masked
-call, with the query heads of a KV group laid out as query rows so GQA needs no K/V copies.
+the request's context before the chunk); decode tokens run as padded, masked calls over
+groups of requests sorted by context (each group's gathered K/V bounded by ``decode_chunk_tokens``),
+with the query heads of a KV group laid out as query rows so GQA needs no K/V copies.
 """
 
 from __future__ import annotations
@@ -49,8 +50,7 @@ class _Batch:
     write_slots: torch.Tensor  # [T]
     prefill: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]  # start, n, key slots, mask
     n_prefill_tokens: int
-    decode_key_slots: torch.Tensor | None  # [B, L]
-    decode_mask: torch.Tensor | None  # [B, 1, 1, L], True = attend
+    decode: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # per chunk: rows [b], key slots [b, L], mask
     logit_rows: torch.Tensor  # rows whose next token is sampled
 
 
@@ -65,6 +65,10 @@ class LlamaExecutor:
     :param gpu_memory_utilization: fraction of device memory the weights, activations and KV pool
         may use together (vLLM's knob of the same name).
     :param max_batch_tokens: largest batch (tokens) the activation peak is measured for.
+    :param decode_chunk_tokens: decode attention runs in chunks of requests (sorted by context) whose
+        padded gathered K/V covers at most this many token slots, so a large decode batch with long
+        contexts cannot exhaust the memory left beside the KV pool; the chunk's gather is added to
+        the measured activation peak.
     :param seed: seeds weights, pool contents and token ids.
     """
 
@@ -77,6 +81,7 @@ class LlamaExecutor:
         kv_budget_bytes: int = 256 * 2**20,
         gpu_memory_utilization: float = 0.9,
         max_batch_tokens: int = 4096,
+        decode_chunk_tokens: int = 32768,
         seed: int = 0,
     ) -> None:
         import torch
@@ -87,6 +92,7 @@ class LlamaExecutor:
         self.dtype = torch.bfloat16 if self.is_cuda else torch.float32
         self.block_size = block_size
         self.max_batch_tokens = max_batch_tokens
+        self.decode_chunk_tokens = decode_chunk_tokens
         self.gpu_memory_utilization = gpu_memory_utilization
         self.kv_budget_bytes = kv_budget_bytes
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -162,7 +168,9 @@ class LlamaExecutor:
         before = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         self.execute([(-1, self.max_batch_tokens, 0)], [])
-        activation_peak = torch.cuda.max_memory_allocated(self.device) - before
+        # plus one decode chunk's gathered K and V (the gather is not in the prefill probe)
+        gather = 2 * self.decode_chunk_tokens * self.config.n_kv_heads * self.config.head_dim * self.dtype.itemsize
+        activation_peak = torch.cuda.max_memory_allocated(self.device) - before + gather
         del self.k_pool, self.v_pool
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
@@ -215,6 +223,17 @@ class LlamaExecutor:
         return len(self.free_blocks)
 
     # ------------------------------------------------------------------ batch preparation
+    def _decode_chunks(self, lengths: list[int]) -> list[list[int]]:
+        """Decode rows grouped for attention: sorted by length (less padding), each group's
+        ``rows x longest`` within ``decode_chunk_tokens`` (a single longer row gets its own)."""
+        chunks: list[list[int]] = []
+        for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+            if chunks and (len(chunks[-1]) + 1) * lengths[i] <= self.decode_chunk_tokens:
+                chunks[-1].append(i)
+            else:
+                chunks.append([i])
+        return chunks
+
     def _prepare(self, prefill: list[PrefillEntry], decode: list[DecodeEntry]) -> _Batch:
         """Allocate KV for the batch and build its metadata on the host.
 
@@ -239,21 +258,28 @@ class LlamaExecutor:
             start += n
             logit_rows.append(start - 1)
         n_prefill_tokens = start
-        decode_key_slots = decode_mask = None
-        if decode:
-            max_len = max(ctx for _, ctx in decode) + 1
-            key_slots = np.zeros((len(decode), max_len), dtype=np.int64)
-            mask = np.zeros((len(decode), max_len), dtype=bool)
-            for i, (rid, ctx) in enumerate(decode):
-                table = self._reserve(rid, ctx + 1)
-                self.lengths[rid] = ctx + 1
-                key_slots[i, : ctx + 1] = self._slots(table, 0, ctx + 1)
-                mask[i, : ctx + 1] = True
-                positions.append(np.array([ctx]))
-                slots.append(key_slots[i, ctx : ctx + 1])
-            decode_key_slots = torch.from_numpy(key_slots)
-            decode_mask = torch.from_numpy(mask)[:, None, None, :]
-            logit_rows.extend(range(n_prefill_tokens, n_prefill_tokens + len(decode)))
+        tables = []
+        for rid, ctx in decode:
+            table = self._reserve(rid, ctx + 1)
+            self.lengths[rid] = ctx + 1
+            tables.append(table)
+            positions.append(np.array([ctx]))
+            slots.append(self._slots(table, ctx, ctx + 1))
+        decode_chunks = []
+        for rows in self._decode_chunks([ctx + 1 for _, ctx in decode]):
+            max_len = decode[rows[-1]][1] + 1
+            key_slots = np.zeros((len(rows), max_len), dtype=np.int64)
+            mask = np.zeros((len(rows), max_len), dtype=bool)
+            for j, i in enumerate(rows):
+                n = decode[i][1] + 1
+                key_slots[j, :n] = self._slots(tables[i], 0, n)
+                mask[j, :n] = True
+            decode_chunks.append((
+                torch.from_numpy(np.asarray(rows, dtype=np.int64) + n_prefill_tokens),
+                torch.from_numpy(key_slots),
+                torch.from_numpy(mask)[:, None, None, :],
+            ))
+        logit_rows.extend(range(n_prefill_tokens, n_prefill_tokens + len(decode)))
         n_tokens = n_prefill_tokens + len(decode)
         return _Batch(
             token_ids=torch.randint(self.config.vocab, (n_tokens,), generator=self._gen, device=self.device),
@@ -264,8 +290,7 @@ class LlamaExecutor:
                 for s, n, k, m in prefill_meta
             ],
             n_prefill_tokens=n_prefill_tokens,
-            decode_key_slots=decode_key_slots,
-            decode_mask=decode_mask,
+            decode=decode_chunks,
             logit_rows=torch.tensor(logit_rows, dtype=torch.int64),
         )
 
@@ -281,8 +306,7 @@ class LlamaExecutor:
             write_slots=dev(b.write_slots),
             prefill=[(s, n, dev(k), dev(m)) for s, n, k, m in b.prefill],
             n_prefill_tokens=b.n_prefill_tokens,
-            decode_key_slots=dev(b.decode_key_slots),
-            decode_mask=dev(b.decode_mask),
+            decode=[(dev(r), dev(k), dev(m)) for r, k, m in b.decode],
             logit_rows=dev(b.logit_rows),
         )
 
@@ -312,14 +336,14 @@ class LlamaExecutor:
             qi = q[start : start + n].transpose(0, 1)[None]
             o = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, is_causal=mask is None)
             out[start : start + n] = o[0].transpose(0, 1)
-        if b.decode_key_slots is not None:
-            n_dec, max_len = b.decode_key_slots.shape
-            flat = b.decode_key_slots.reshape(-1)
+        for rows, key_slots, mask in b.decode:
+            n_dec, max_len = key_slots.shape
+            flat = key_slots.reshape(-1)
             k = k_flat.index_select(0, flat).view(n_dec, max_len, c.n_kv_heads, c.head_dim).transpose(1, 2)
             v = v_flat.index_select(0, flat).view(n_dec, max_len, c.n_kv_heads, c.head_dim).transpose(1, 2)
-            qd = q[b.n_prefill_tokens :].reshape(n_dec, c.n_kv_heads, group, c.head_dim)
-            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=b.decode_mask)
-            out[b.n_prefill_tokens :] = o.reshape(n_dec, c.n_heads, c.head_dim)
+            qd = q.index_select(0, rows).reshape(n_dec, c.n_kv_heads, group, c.head_dim)
+            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=mask)
+            out.index_copy_(0, rows, o.reshape(n_dec, c.n_heads, c.head_dim))
         return out.view(q.shape[0], -1)
 
     def _forward(self, b: _Batch) -> torch.Tensor:
