@@ -385,3 +385,25 @@ def test_gpu_executor_shapes_are_the_core_model_specs():
         assert cfg.kv_bytes_per_token() == spec.kv_bytes_per_token
         assert abs(cfg.n_params() / spec.params - 1) < 5e-4
     assert PRESETS["llama-3.2-1b"].tie_embeddings and not PRESETS["llama-3-8b"].tie_embeddings
+
+
+def test_the_shipped_h100_profiles_load_as_table_models_and_reproduce_their_rows():
+    """docs/gpu/*/profile.csv (measured on an H100 by `llmsched gpu calibrate`) is the documented
+    input of `--latency table:PATH`: every measured row comes back exactly, and prefill time grows
+    with the prompt above the launch-bound floor."""
+    import csv
+    from pathlib import Path
+
+    from llmsched_gym.core.latency import make_latency
+
+    root = Path(__file__).resolve().parents[1] / "docs" / "gpu"
+    keys = ("prefill_tokens", "prefill_ctx_tokens", "n_prefill", "n_decode", "decode_ctx_tokens")
+    for folder in ("h100-llama-2-7b", "h100-llama-3-8b"):
+        path = root / folder / "profile.csv"
+        model = make_latency(f"table:{path}")
+        rows = list(csv.DictReader(path.open()))
+        assert len(rows) >= 50
+        for r in rows:
+            assert model.batch_time(*(int(r[k]) for k in keys)) == pytest.approx(float(r["time_s"]), rel=1e-12)
+        prefill = {int(r["prefill_tokens"]): float(r["time_s"]) for r in rows if int(r["n_prefill"]) == 1}
+        assert prefill[4096] > 3 * prefill[1024] > 3 * prefill[64]
