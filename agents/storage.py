@@ -101,6 +101,37 @@ class SpacesOnly(gym.Env):
 
 
 # ---- policy keyword arguments ------------------------------------------------------------------
+SB3_ADAM_KWARGS = {"eps": 1e-5}
+"""The optimizer arguments SB3's actor-critic policies give ``torch.optim.Adam`` when none are named."""
+
+
+def with_optimizer(policy_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``policy_kwargs`` with :class:`agents.optim.Adam` as the optimizer where none is named, and
+    the arguments SB3 gives its default Adam (:data:`SB3_ADAM_KWARGS`): torch's Adam, the same
+    updates, without importing ``torch._dynamo`` (0.7 s of start-up)."""
+    from agents.optim import Adam
+
+    if "optimizer_class" in policy_kwargs:
+        return dict(policy_kwargs)
+    out = {"optimizer_class": Adam, **policy_kwargs}
+    if out.get("optimizer_kwargs") is None:
+        out["optimizer_kwargs"] = dict(SB3_ADAM_KWARGS)
+    return out
+
+
+def saved_policy_kwargs(policy_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``policy_kwargs`` as an agent file keeps them: without what :func:`with_optimizer` adds (a
+    file names only what differs from SB3's defaults; loading adds it back)."""
+    from agents.optim import Adam
+
+    if policy_kwargs.get("optimizer_class") is not Adam:
+        return policy_kwargs
+    out = {k: v for k, v in policy_kwargs.items() if k != "optimizer_class"}
+    if out.get("optimizer_kwargs") == SB3_ADAM_KWARGS:
+        del out["optimizer_kwargs"]
+    return out
+
+
 def _classes() -> dict[str, Any]:
     """The classes an agent file may name (nothing else can be instantiated from a file)."""
     from torch import nn
@@ -206,7 +237,7 @@ def save_agent(stem: str | Path, model: Any, vecnorm: Any = None, extra: dict[st
         "format": FORMAT,
         "algo": algo_name(model),
         "policy": type(model.policy).__name__,
-        "policy_kwargs": _jsonable(model.policy_kwargs),
+        "policy_kwargs": _jsonable(saved_policy_kwargs(model.policy_kwargs)),
         "observation_space": describe_space(model.observation_space),
         "action_space": describe_space(model.action_space),
         "hyperparams": {k: _value(getattr(model, k)) for k in HYPERPARAMS},
@@ -316,6 +347,7 @@ def build_model(meta: dict[str, Any], tensors: dict[str, Any], env: Any = None, 
         saved.update(n_steps=64, batch_size=64)
     policy_kwargs = _from_json(policy_kwargs)
     _check_policy_kwargs(cls, policy, policy_kwargs)
+    policy_kwargs = with_optimizer(policy_kwargs)
     hp = {**saved, **(hyperparams or {})}
     try:
         model = cls(policy, env, device="cpu", verbose=0, policy_kwargs=policy_kwargs, tensorboard_log=tensorboard_log,

@@ -40,6 +40,7 @@ from agents.storage import (
     read_agent_file,
     restore_vecnormalize,
     save_agent,
+    with_optimizer,
 )
 from llmsched_gym.config import (
     BEHAVIOUR_CLONING,
@@ -381,7 +382,9 @@ def behaviour_clone(model: Any, vecnorm: Any, obs: dict[str, np.ndarray], masks:
         vecnorm.obs_rms[key].update(obs[key])
     norm = vecnorm.normalize_obs(obs)
     policy = model.policy
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    from agents.optim import Adam
+
+    opt = Adam(policy.parameters(), lr=1e-3)
     rng = np.random.default_rng(seed)
     n = len(actions)
     maskable = is_maskable(model)
@@ -491,12 +494,12 @@ def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path,
         return build_model(saved, tensors, env=venv, hyperparams=ppo_kw, tensorboard_log=str(run_dir / "tb")), venv
     venv = VecNormalize(venv, gamma=gamma, **norm_kw)
     pk = dict(hp.get("policy_kwargs") or {})
-    policy_kwargs = {
+    policy_kwargs = with_optimizer({
         "features_extractor_class": QueueSetExtractor,
         "features_extractor_kwargs": {k: tuple(pk.pop(k)) if isinstance(pk.get(k), list) else pk.pop(k)
                                       for k in ("slot_hidden", "context_hidden", "slot_out") if k in pk},
         **pk,
-    }
+    })
     model = cls(hp.get("policy", "MultiInputPolicy"), venv, seed=cfg.seed, device="cpu", verbose=0,
                 tensorboard_log=str(run_dir / "tb"), policy_kwargs=policy_kwargs, **ppo_kw)
     if "action_bias" in hp:
