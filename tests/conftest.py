@@ -2,8 +2,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from baselines import make_policy
+from llmsched_gym.core.engine import Engine, EngineConfig
+from llmsched_gym.core.latency import UnitLatency
+from llmsched_gym.core.request import Workload
+from llmsched_gym.core.scheduler import Scheduler
 
 settings.register_profile(
     "ci", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
@@ -38,6 +46,50 @@ def small_cuts(n: int | None, scenarios: tuple[str, ...] = SCENARIOS, offline: i
     given; ``extra[scenario]`` overrides on top."""
     sizes, extra = sizes or {}, extra or {}
     return {sc: small_cut(sc, sizes.get(sc, n), offline, extra.get(sc)) for sc in scenarios}
+
+
+class Manual(Scheduler):
+    """A scheduler the test drives by hand (``execute`` gets explicit plans)."""
+
+    name = "manual"
+
+
+def manual_engine(prompts, outputs, cap_tokens: int, bs: int = 4, overflow: str = "forbid", prefix=None,
+                  **cfg: Any) -> Engine:
+    """An engine whose requests all arrived at 0, with unit iteration times and no fast-forward,
+    driven by :class:`Manual`; polled once, so every request is waiting."""
+    n = len(prompts)
+    wl = Workload(arrival_s=np.zeros(n), prompt_tokens=prompts, output_tokens=outputs, prefix=prefix)
+    config = EngineConfig(kv_capacity_tokens=cap_tokens, block_size=bs, overflow=overflow, fast_forward=False, **cfg)
+    e = Engine(wl, config, UnitLatency(), Manual())
+    assert e.poll()
+    return e
+
+
+def random_engine(draw, bs: int, *, prefix: bool = True, modes: tuple[str, ...] = ("recompute", "restart", "swap"),
+                  policy=None) -> Engine:
+    """A hypothesis-drawn engine with some history (running, swapped, cached, preempted requests):
+    4 to 14 requests on a small paged KV cache with LIFO preemption in one of ``modes``, driven for
+    0 to 40 iterations by ``policy(draw)`` (default: sarathi with 24-token chunks or fcfs)."""
+    n = draw(st.integers(4, 14))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    prompt = rng.integers(1, 40, n)
+    segs = [((int(rng.integers(0, 3)), int(p // 2)),) if p >= 2 and rng.random() < 0.7 else None for p in prompt]
+    wl = Workload(arrival_s=np.sort(rng.uniform(0, 3, n)), prompt_tokens=prompt,
+                  output_tokens=rng.integers(1, 30, n), prefix=segs if prefix else None)
+    cfg = EngineConfig(kv_capacity_tokens=int(draw(st.integers(50, 150))), block_size=bs,
+                       overflow="preempt_lifo_recompute", preempt_mode=draw(st.sampled_from(list(modes))),
+                       prefill_emits_token=draw(st.booleans()), fast_forward=False)
+    if policy is None:
+        scheduler = make_policy("sarathi", chunk_size=24) if draw(st.booleans()) else make_policy("fcfs")
+    else:
+        scheduler = policy(draw)
+    e = Engine(wl, cfg, UnitLatency(), scheduler)
+    for _ in range(draw(st.integers(0, 40))):
+        if not e.poll():
+            break
+        e.execute(e.scheduler.schedule(e.view))
+    return e
 
 
 @pytest.fixture

@@ -10,35 +10,17 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
+from conftest import manual_engine, random_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from baselines import make_policy
 from llmsched_gym.core.batching import BatchBuilder, budget_plan
-from llmsched_gym.core.engine import Engine, EngineConfig
-from llmsched_gym.core.latency import UnitLatency
-from llmsched_gym.core.request import Workload
-from llmsched_gym.core.scheduler import BatchPlan, Scheduler
-
-
-class Manual(Scheduler):
-    """A scheduler the test drives by hand."""
-
-    name = "manual"
-
-
-def engine(prompts, outputs, cap_tokens, bs=4, **cfg) -> Engine:
-    n = len(prompts)
-    wl = Workload(arrival_s=np.zeros(n), prompt_tokens=prompts, output_tokens=outputs)
-    e = Engine(wl, EngineConfig(kv_capacity_tokens=cap_tokens, block_size=bs, fast_forward=False, **cfg),
-               UnitLatency(), Manual())
-    assert e.poll()
-    return e
+from llmsched_gym.core.scheduler import BatchPlan
 
 
 def test_decodes_beyond_the_budget_are_paused():
-    e = engine([5, 7, 3, 4], [9, 9, 9, 9], 64)
+    e = manual_engine([5, 7, 3, 4], [9, 9, 9, 9], 64)
     e.execute(BatchPlan.admit([0, 1, 2]))
     b = BatchBuilder(e.view, budget=2, reserve=False)
     b.decode_first(preempt=False)
@@ -50,7 +32,7 @@ def test_decodes_beyond_the_budget_are_paused():
 
 def test_a_decode_without_a_block_preempts_the_newest():
     # blocks of 4, 6 blocks: 0, 1, 2 hold 6, 8, 4 tokens (2 + 2 + 1 blocks); 1 and 2 need a new block
-    e = engine([5, 7, 3], [9, 9, 9], 24)
+    e = manual_engine([5, 7, 3], [9, 9, 9], 24)
     e.execute(BatchPlan.admit([0, 1, 2]))
     assert e.kv_tokens.tolist() == [6, 8, 4] and e.kv.used_blocks == 5
     b = BatchBuilder(e.view, budget=None, reserve=True)
@@ -63,7 +45,7 @@ def test_a_decode_without_a_block_preempts_the_newest():
 
 
 def test_a_preempted_victim_frees_its_blocks_for_an_older_decode():
-    e = engine([5, 3, 7], [9, 9, 9], 24)  # 0, 1, 2 hold 6, 4, 8 tokens: 2 + 1 + 2 blocks
+    e = manual_engine([5, 3, 7], [9, 9, 9], 24)  # 0, 1, 2 hold 6, 4, 8 tokens: 2 + 1 + 2 blocks
     e.execute(BatchPlan.admit([0, 1, 2]))
     b = BatchBuilder(e.view, budget=None)
     assert b.free == 1
@@ -77,7 +59,7 @@ def test_a_preempted_victim_frees_its_blocks_for_an_older_decode():
 
 
 def test_unfinished_prefills_continue_within_the_budget():
-    e = engine([10, 20], [3, 3], 128)
+    e = manual_engine([10, 20], [3, 3], 128)
     e.execute(BatchPlan(prefill={0: 4, 1: 6}))  # both unfinished: 6 and 14 tokens owed
     b = BatchBuilder(e.view, budget=10, reserve=False)
     b.decode_first(preempt=False)
@@ -89,7 +71,7 @@ def test_unfinished_prefills_continue_within_the_budget():
 
 
 def test_admission_charges_the_whole_prompt_with_reserve_and_the_chunk_without():
-    e = engine([30, 9], [3, 3], 64)  # 16 blocks
+    e = manual_engine([30, 9], [3, 3], 64)  # 16 blocks
     for reserve, need in ((True, 8), (False, 4)):  # 30 + token 1 = 8 blocks; a 16-token chunk = 4
         b = BatchBuilder(e.view, budget=16, reserve=reserve)
         assert b.admit(0) and b.prefill == {0: 16} and b.free == 16 - need and b.budget == 0
@@ -104,7 +86,7 @@ def test_admission_charges_the_whole_prompt_with_reserve_and_the_chunk_without()
 
 
 def test_a_decode_only_batch_holds():
-    e = engine([5], [9], 64)
+    e = manual_engine([5], [9], 64)
     e.execute(BatchPlan.admit([0]))
     b = BatchBuilder(e.view, budget=None)
     b.decode_first()
@@ -116,28 +98,14 @@ def test_a_decode_only_batch_holds():
 
 
 # ---- random states --------------------------------------------------------------------------------
-def random_engine(draw, bs: int, prefix: bool) -> Engine:
-    n = draw(st.integers(4, 14))
-    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    prompt = rng.integers(1, 40, n)
-    segs = [((int(rng.integers(0, 3)), int(p // 2)),) if p >= 2 and rng.random() < 0.7 else None for p in prompt]
-    wl = Workload(arrival_s=np.sort(rng.uniform(0, 3, n)), prompt_tokens=prompt,
-                  output_tokens=rng.integers(1, 30, n), prefix=segs if prefix else None)
-    cfg = EngineConfig(kv_capacity_tokens=int(draw(st.integers(50, 150))), block_size=bs, overflow="preempt_lifo_recompute",
-                       preempt_mode=draw(st.sampled_from(["recompute", "swap"])),
-                       prefill_emits_token=draw(st.booleans()), fast_forward=False)
-    e = Engine(wl, cfg, UnitLatency(), make_policy("sarathi", chunk_size=int(draw(st.integers(4, 64)))))
-    for _ in range(draw(st.integers(0, 40))):
-        if not e.poll():
-            break
-        e.execute(e.scheduler.schedule(e.view))
-    return e
+def sarathi_any_chunk(draw):
+    return make_policy("sarathi", chunk_size=int(draw(st.integers(4, 64))))
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.sampled_from([1, 4, 16]), st.booleans(), st.booleans())
 def test_a_formed_batch_fits_its_budget_and_the_free_blocks_it_reports(data, bs, reserve, prefix):
-    e = random_engine(data.draw, bs, prefix)
+    e = random_engine(data.draw, bs, prefix=prefix, modes=("recompute", "swap"), policy=sarathi_any_chunk)
     if not e.poll():
         return
     view = e.view
@@ -175,7 +143,7 @@ def test_a_formed_batch_fits_its_budget_and_the_free_blocks_it_reports(data, bs,
 @given(st.data(), st.sampled_from([1, 4, 16]), st.booleans())
 def test_budget_plan_is_the_builders_plan_when_the_budget_reaches_every_decode(data, bs, prefix):
     """The env's launch former (``budget_plan``, closed form) against the builder's own phases."""
-    e = random_engine(data.draw, bs, prefix)
+    e = random_engine(data.draw, bs, prefix=prefix, modes=("recompute", "swap"), policy=sarathi_any_chunk)
     if not e.poll():
         return
     view = e.view

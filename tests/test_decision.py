@@ -9,31 +9,18 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+from conftest import manual_engine, random_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baselines import make_policy
 from llmsched_gym.core.batching import BatchBuilder
-from llmsched_gym.core.engine import Engine, EngineConfig
-from llmsched_gym.core.latency import UnitLatency
-from llmsched_gym.core.request import Workload
-from llmsched_gym.core.scheduler import BatchPlan, Scheduler
+from llmsched_gym.core.engine import Engine
+from llmsched_gym.core.scheduler import BatchPlan
 from llmsched_gym.env.decision import DecisionPoint
 
 
-class Manual(Scheduler):
-    """A scheduler the test drives by hand."""
-
-    name = "manual"
-
-
 def engine(prompts, outputs, cap_tokens, bs=4) -> Engine:
-    n = len(prompts)
-    wl = Workload(arrival_s=np.zeros(n), prompt_tokens=prompts, output_tokens=outputs)
-    e = Engine(wl, EngineConfig(kv_capacity_tokens=cap_tokens, block_size=bs, fast_forward=False,
-                                overflow="preempt_lifo_recompute"), UnitLatency(), Manual())
-    assert e.poll()
-    return e
+    return manual_engine(prompts, outputs, cap_tokens, bs, overflow="preempt_lifo_recompute")
 
 
 def point(e: Engine, k=4, admission="current", max_num_seqs=None, order="arrival") -> DecisionPoint:
@@ -82,25 +69,6 @@ def test_max_num_seqs_masks_every_slot():
     assert dp.ok.tolist() == [False] and not dp.any and not dp.admissible(2)
     dp.preempt(0)
     assert dp.ok.tolist() == [True]
-
-
-def random_engine(draw, bs: int) -> Engine:
-    n = draw(st.integers(4, 14))
-    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    prompt = rng.integers(1, 40, n)
-    segs = [((int(rng.integers(0, 3)), int(p // 2)),) if p >= 2 and rng.random() < 0.7 else None for p in prompt]
-    wl = Workload(arrival_s=np.sort(rng.uniform(0, 3, n)), prompt_tokens=prompt,
-                  output_tokens=rng.integers(1, 30, n), prefix=segs)
-    cfg = EngineConfig(kv_capacity_tokens=int(draw(st.integers(50, 150))), block_size=bs, overflow="preempt_lifo_recompute",
-                       preempt_mode=draw(st.sampled_from(["recompute", "restart", "swap"])),
-                       prefill_emits_token=draw(st.booleans()), fast_forward=False)
-    policy = make_policy("sarathi", chunk_size=24) if draw(st.booleans()) else make_policy("fcfs")
-    e = Engine(wl, cfg, UnitLatency(), policy)
-    for _ in range(draw(st.integers(0, 40))):
-        if not e.poll():
-            break
-        e.execute(e.scheduler.schedule(e.view))
-    return e
 
 
 @settings(max_examples=150, deadline=None)

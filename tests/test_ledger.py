@@ -20,36 +20,19 @@ import copy
 
 import numpy as np
 import pytest
+from conftest import manual_engine, random_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from baselines import make_policy
 from baselines.base import fit_plan
-from llmsched_gym.core.engine import RUNNING, Engine, EngineConfig
-from llmsched_gym.core.latency import UnitLatency
-from llmsched_gym.core.request import Workload
-from llmsched_gym.core.scheduler import BatchPlan, PlanError, Scheduler
-
-
-class Manual(Scheduler):
-    """A scheduler the test drives by hand (``execute`` gets explicit plans)."""
-
-    name = "manual"
-
-
-def engine(prompts, outputs, cap_tokens, bs=4, overflow="forbid", prefix=None, **cfg) -> Engine:
-    n = len(prompts)
-    wl = Workload(arrival_s=np.zeros(n), prompt_tokens=prompts, output_tokens=outputs, prefix=prefix)
-    config = EngineConfig(kv_capacity_tokens=cap_tokens, block_size=bs, overflow=overflow, fast_forward=False, **cfg)
-    e = Engine(wl, config, UnitLatency(), Manual())
-    assert e.poll()
-    return e
+from llmsched_gym.core.engine import RUNNING, Engine
+from llmsched_gym.core.scheduler import BatchPlan, PlanError
 
 
 # ---- constructed instances ----------------------------------------------------------------------
 def test_the_block_rule_on_a_hand_counted_paged_state():
     # blocks of 4 tokens, 8 blocks; prompts 5, 7, 3
-    e = engine([5, 7, 3], [4, 4, 4], cap_tokens=32)
+    e = manual_engine([5, 7, 3], [4, 4, 4], cap_tokens=32)
     led = e.ledger
     # a whole prompt plus token 1: ceil(6/4), ceil(8/4), ceil(4/4)
     assert led.whole_prompt(np.array([5, 7, 3])).tolist() == [2, 2, 1]
@@ -71,7 +54,7 @@ def test_the_block_rule_on_a_hand_counted_paged_state():
 
 
 def test_an_unfinished_prefill_owes_the_rest_of_its_prompt():
-    e = engine([10], [3], cap_tokens=64)
+    e = manual_engine([10], [3], cap_tokens=64)
     e.execute(BatchPlan(prefill={0: 5}))  # a chunk of 5 of 10 prompt tokens: 2 blocks
     led = e.ledger
     assert (e.kv_tokens[0], e.kv.used_blocks) == (5, 2)
@@ -84,7 +67,7 @@ def test_an_unfinished_prefill_owes_the_rest_of_its_prompt():
 
 def test_forbid_refuses_with_the_ledgers_count_and_message():
     # 5 blocks: requests 0 and 1 hold 2 + 2; admitting 2 (1 block) while 1 decodes into a new block
-    e = engine([5, 7, 3], [4, 4, 4], cap_tokens=20)
+    e = manual_engine([5, 7, 3], [4, 4, 4], cap_tokens=20)
     e.execute(BatchPlan.admit([0, 1]))
     plan = BatchPlan.admit([2])
     assert e.ledger.shortfall(plan, e.running) == 1
@@ -94,7 +77,7 @@ def test_forbid_refuses_with_the_ledgers_count_and_message():
 
 
 def test_lifo_preempts_the_admission_the_ledger_names():
-    e = engine([5, 7, 3], [4, 4, 4], cap_tokens=20, overflow="preempt_lifo_recompute")
+    e = manual_engine([5, 7, 3], [4, 4, 4], cap_tokens=20, overflow="preempt_lifo_recompute")
     e.execute(BatchPlan.admit([0, 1]))
     _, grow = e.ledger.iteration([(2, 0)], np.array([0, 1]))
     # request 2 is not admitted yet: its chunk counts from 0 tokens; decodes of 0 and 1 add 1
@@ -107,7 +90,7 @@ def test_lifo_preempts_the_admission_the_ledger_names():
 
 def test_lifo_preempts_a_decode_and_its_block_leaves_the_iteration():
     # 4 blocks, full after the admissions; request 1's decode needs a fifth
-    e = engine([5, 7], [4, 4], cap_tokens=16, overflow="preempt_lifo_recompute")
+    e = manual_engine([5, 7], [4, 4], cap_tokens=16, overflow="preempt_lifo_recompute")
     e.execute(BatchPlan.admit([0, 1]))
     assert e.kv.used_blocks == 4
     victims, n_dec_gone, total = e.ledger.victims([], np.array([0, 1]), e.running)
@@ -120,7 +103,7 @@ def test_lifo_preempts_a_decode_and_its_block_leaves_the_iteration():
 def test_a_shared_prefix_counts_once_and_is_freed_by_its_last_holder():
     # two prompts of 10 sharing an 8-token head (2 full blocks of 4); 25 blocks
     prefix = [((7, 8),), ((7, 8),)]
-    e = engine([10, 10], [5, 5], cap_tokens=100, prefix=prefix)
+    e = manual_engine([10, 10], [5, 5], cap_tokens=100, prefix=prefix)
     led = e.ledger
     e.execute(BatchPlan.admit([0]))  # 10 + token 1 = 3 blocks; its 2 head blocks enter the cache
     assert (e.kv.used_blocks, int(e.kv.shared[0])) == (3, 2)
@@ -138,7 +121,7 @@ def test_a_shared_prefix_counts_once_and_is_freed_by_its_last_holder():
 
 
 def test_a_swapped_request_takes_its_kv_back_at_admission():
-    e = engine([5, 7], [4, 4], cap_tokens=40, preempt_mode="swap")
+    e = manual_engine([5, 7], [4, 4], cap_tokens=40, preempt_mode="swap")
     e.execute(BatchPlan.admit([0, 1]))
     e.execute(BatchPlan(preempt=[1]))  # swapped out holding 8 tokens; 0 decodes to 7
     assert e.swapped[1] and e.kv_tokens.tolist() == [7, 8] and e.kv.used_blocks == 2
@@ -150,23 +133,9 @@ def test_a_swapped_request_takes_its_kv_back_at_admission():
 
 
 # ---- random engine states -----------------------------------------------------------------------
-def random_engine(draw, bs: int, mode: str, overflow: str) -> Engine:
-    """An engine with some history (running, swapped, cached, preempted requests), then ``overflow``."""
-    n = draw(st.integers(4, 14))
-    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    prompt = rng.integers(1, 40, n)
-    prefix = [((int(rng.integers(0, 3)), int(p // 2)),) if p >= 2 and rng.random() < 0.7 else None for p in prompt]
-    wl = Workload(arrival_s=np.sort(rng.uniform(0, 3, n)), prompt_tokens=prompt,
-                  output_tokens=rng.integers(1, 30, n), prefix=prefix)
-    cap = int(draw(st.integers(50, 150)))
-    cfg = EngineConfig(kv_capacity_tokens=cap, block_size=bs, overflow="preempt_lifo_recompute", preempt_mode=mode,
-                       prefill_emits_token=draw(st.booleans()), fast_forward=False)
-    policy = make_policy("sarathi", chunk_size=24) if draw(st.booleans()) else make_policy("fcfs")
-    e = Engine(wl, cfg, UnitLatency(), policy)
-    for _ in range(draw(st.integers(0, 40))):
-        if not e.poll():
-            break
-        e.execute(e.scheduler.schedule(e.view))
+def random_engine_then(draw, bs: int, mode: str, overflow: str) -> Engine:
+    """:func:`conftest.random_engine` in preemption ``mode``, then switched to ``overflow``."""
+    e = random_engine(draw, bs, modes=(mode,))
     e.config.overflow = overflow
     return e
 
@@ -187,7 +156,7 @@ MODES = st.sampled_from(["recompute", "restart", "swap"])
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.sampled_from([1, 4, 16]), MODES)
 def test_shortfall_is_what_forbid_refuses_and_fit_plan_repairs_it(data, bs, mode):
-    e = random_engine(data.draw, bs, mode, "forbid")
+    e = random_engine_then(data.draw, bs, mode, "forbid")
     if not e.poll():
         return
     view = e.view
@@ -217,7 +186,7 @@ def test_shortfall_is_what_forbid_refuses_and_fit_plan_repairs_it(data, bs, mode
 @settings(max_examples=150, deadline=None)
 @given(st.data(), st.sampled_from([1, 4, 16]), MODES, st.sampled_from(["preempt_lifo_recompute", "swap"]))
 def test_lifo_preempts_exactly_when_and_whom_the_ledger_says(data, bs, mode, overflow):
-    e = random_engine(data.draw, bs, mode, overflow)
+    e = random_engine_then(data.draw, bs, mode, overflow)
     if not e.poll():
         return
     plan = random_plan(data.draw, e)
@@ -245,7 +214,7 @@ def test_lifo_preempts_exactly_when_and_whom_the_ledger_says(data, bs, mode, ove
 @settings(max_examples=100, deadline=None)
 @given(st.data(), st.sampled_from([1, 4, 16]), MODES)
 def test_clear_all_counts_an_overflow_exactly_when_the_ledger_says(data, bs, mode):
-    e = random_engine(data.draw, bs, mode, "clear_all")
+    e = random_engine_then(data.draw, bs, mode, "clear_all")
     if not e.poll():
         return
     plan = random_plan(data.draw, e)
@@ -273,7 +242,7 @@ def _check_conservation(e: Engine) -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.data(), st.sampled_from([1, 4, 16]), MODES)
 def test_blocks_are_conserved_and_within_capacity_along_a_run(data, bs, mode):
-    e = random_engine(data.draw, bs, mode, "preempt_lifo_recompute")
+    e = random_engine_then(data.draw, bs, mode, "preempt_lifo_recompute")
     _check_conservation(e)
     for _ in range(60):
         if not e.poll():
