@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmsched_gym.goodput import GoodputResult, Serving, find_goodput
-from llmsched_gym.reproduce.report import PaperReport, Plot, Row, ordering_verdict, within
+from llmsched_gym.reproduce.report import PaperReport, Plot, Row, goodput_protocol, ordering_verdict, within
 
 LATENCY = "roofline:llama-2-13b/a100"
 """OPT-13B's stand-in (same shape) on one A100-80GB."""
@@ -85,9 +85,7 @@ def _best(dis: dict[tuple[int, int], GoodputResult]) -> tuple[tuple[int, int], G
 
 
 def run(quick: bool = False) -> PaperReport:
-    seeds = (0,) if quick else (0, 1, 2)
-    n = 400 if quick else 1000
-    tol = 0.05 if quick else 0.02
+    seeds, n, tol = goodput_protocol(quick)
     rows: list[Row] = []
     notes: list[str] = []
     plots: list[Plot] = []

@@ -142,6 +142,12 @@ def write_report(report: PaperReport, out_dir: str | Path, elapsed_s: float, qui
 # ----------------------------------------------------------------------------------------------
 
 
+def goodput_protocol(quick: bool) -> tuple[tuple[int, ...], int, float]:
+    """The goodput reproductions' protocol: (seeds, requests per run, the rate search's relative
+    tolerance); ``quick`` is CI's cut (one seed, 400 requests, 5%)."""
+    return ((0,), 400, 0.05) if quick else ((0, 1, 2), 1000, 0.02)
+
+
 def fitted_d0_d1(latency: Any) -> tuple[float, float]:
     """``(d0, d1)`` of Ao et al. 2025's Eq. 1 for a batch-time model: exact for ``linear``, otherwise a
     least-squares fit of decode-only iterations (1..256 requests, 16..2048 KV tokens each)."""

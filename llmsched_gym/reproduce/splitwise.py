@@ -34,7 +34,15 @@ from dataclasses import replace
 from typing import Any
 
 from llmsched_gym.goodput import GoodputResult, Serving, find_goodput
-from llmsched_gym.reproduce.report import PaperReport, Plot, Row, not_comparable, ordering_verdict, within
+from llmsched_gym.reproduce.report import (
+    PaperReport,
+    Plot,
+    Row,
+    goodput_protocol,
+    not_comparable,
+    ordering_verdict,
+    within,
+)
 
 MODEL = "llama-2-70b"
 COST_H100 = 2.16
@@ -108,9 +116,7 @@ def _search(serving: Serving, slo: dict[str, float], seeds: tuple[int, ...], tol
 
 
 def run(quick: bool = False) -> PaperReport:
-    seeds = (0,) if quick else (0, 1, 2)
-    n = 400 if quick else 1000
-    tol = 0.05 if quick else 0.02
+    seeds, n, tol = goodput_protocol(quick)
     rows: list[Row] = []
     notes: list[str] = []
     plots: list[Plot] = []
