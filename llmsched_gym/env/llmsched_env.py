@@ -221,7 +221,9 @@ class LLMSchedEnv(gym.Env):
     completes); ``throughput``: output tokens generated; ``eviction``: minus tokens recomputed after
     preemptions and clears; ``slo``: minus requests that missed their TTFT/TPOT SLO; ``fairness``:
     minus Sheng et al. 2024's per-tick service difference between clients (over the trailing 60 s)
-    times the step's duration. Steps that only
+    times the step's duration; ``ttft_tail`` (only when weighted, ``{"weight": w, "threshold_s":
+    c}``): minus the seconds requests waited for their first token beyond ``c`` (sums to minus
+    ``sum_i max(0, TTFT_i - c)``, a conditional-value-at-risk surrogate of a TTFT percentile). Steps that only
     add to the batch being formed (``select``) take no time and earn 0 (less ``invalid_penalty``).
     ``info["reward_components"]`` holds every raw component every step.
 
@@ -403,6 +405,8 @@ class LLMSchedEnv(gym.Env):
         self._zeros = {"latency": 0.0, "throughput": 0.0, "eviction": 0.0, "slo": 0.0, "fairness": 0.0}
         if self._tracker.has_slo:
             self._zeros["slo_online"] = self._zeros["slo_offline"] = 0.0
+        if self._tracker.has_tail:
+            self._zeros["ttft_tail"] = 0.0
         self._experts.start(e, self._episode, self.episode_seed)
         self._summary: dict[str, Any] | None = None
         self._return = 0.0

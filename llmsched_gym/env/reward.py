@@ -20,6 +20,19 @@ component      raw value of one step (the weight multiplies it; ``info["reward_c
                are generated, both divided by the client's weight. An episode's components sum to
                minus the time integral of ``D`` (right-endpoint rule at the agent's steps), whose
                peak over ticks is the ``vtc-arena`` task's metric (``fairness.tick_diff.max``).
+``ttft_tail``  minus the seconds, since the previous step, that requests spent waiting for their
+               first token beyond ``threshold_s`` after their arrival (a request that is rejected
+               stops counting then). An episode's components sum to minus
+               ``sum_i max(0, TTFT_i - threshold_s)``: the hinge term of Rockafellar and Uryasev's
+               conditional value at risk (2000, "Optimization of conditional value-at-risk",
+               Journal of Risk 2(3), Theorem 1), ``CVaR_a = min_c c + E[max(0, X - c)] / (1 - a)``,
+               whose minimising ``c`` is the ``a``-quantile: with ``threshold_s`` near the target
+               percentile of TTFT (P99: the 99th) the return rewards shortening the tail beyond
+               it, not the mean. Unlike ``slo``'s count, a request late by 60 s costs 60 times one
+               late by 1 s, and the cost accrues while it waits (a dense signal). The weight is a
+               number (``threshold_s`` 0: minus the sum of every TTFT) or ``{"weight": w,
+               "threshold_s": c}``; the component is in ``info["reward_components"]`` only when
+               its weight is given.
 =============  ===================================================================================
 
 Sums telescope: the latency, throughput, eviction and SLO components of a whole episode add up to
@@ -45,7 +58,7 @@ from llmsched_gym.core.metrics import client_service
 if TYPE_CHECKING:
     from llmsched_gym.core.engine import Engine
 
-REWARD_COMPONENTS = ("latency", "throughput", "eviction", "slo", "fairness")
+REWARD_COMPONENTS = ("latency", "throughput", "eviction", "slo", "fairness", "ttft_tail")
 CLASS_NAMES = ("online", "offline")
 FAIRNESS_WINDOW_S = 60.0
 """The trailing window of the fairness component's rates: Sheng et al. 2024's artifact's ``w``."""
@@ -53,7 +66,9 @@ _REJECTED = 4
 
 
 def parse_weights(reward: str | dict | None) -> dict[str, float | dict[str, float]]:
-    """Validate ``reward=`` (a component name, or a dict of weights); one-line ValueError otherwise."""
+    """Validate ``reward=`` (a component name, or a dict of weights); one-line ValueError otherwise.
+
+    ``ttft_tail`` comes back as ``{"weight": w, "threshold_s": c}`` whichever way it was given."""
     if reward is None:
         return {"latency": 1.0}
     if isinstance(reward, str):
@@ -64,11 +79,21 @@ def parse_weights(reward: str | dict | None) -> dict[str, float | dict[str, floa
     for key, w in reward.items():
         if key not in REWARD_COMPONENTS:
             raise ConfigError(f"reward.{key}: unknown component; allowed: {', '.join(REWARD_COMPONENTS)}")
-        if key == "slo" and isinstance(w, dict):
+        if key == "ttft_tail" and isinstance(w, dict):
+            bad = set(w) - {"weight", "threshold_s"}
+            if bad:
+                raise ConfigError(f"reward.ttft_tail.{sorted(bad)[0]}: unknown key; allowed: weight, threshold_s")
+            thr = _finite(w.get("threshold_s", 0.0), "reward.ttft_tail.threshold_s")
+            if thr < 0:
+                raise ConfigError(f"reward.ttft_tail.threshold_s: must be >= 0, got {w['threshold_s']!r}")
+            out[key] = {"weight": _finite(w.get("weight", 1.0), "reward.ttft_tail.weight"), "threshold_s": thr}
+        elif key == "slo" and isinstance(w, dict):
             bad = set(w) - set(CLASS_NAMES)
             if bad:
                 raise ConfigError(f"reward.slo.{sorted(bad)[0]}: unknown class; allowed: online, offline")
             out[key] = {c: _finite(w.get(c, 0.0), f"reward.slo.{c}") for c in CLASS_NAMES}
+        elif key == "ttft_tail":
+            out[key] = {"weight": _finite(w, "reward.ttft_tail"), "threshold_s": 0.0}
         else:
             out[key] = _finite(w, f"reward.{key}")
     return out
@@ -106,6 +131,10 @@ class RewardTracker:
         slo_w = weights.get("slo", 0.0)
         self._slo_w = slo_w if isinstance(slo_w, dict) else {c: float(slo_w) for c in CLASS_NAMES}
         self._scalar_w = [(k, float(w)) for k, w in weights.items() if k != "slo" and not isinstance(w, dict)]
+        tail = weights.get("ttft_tail")
+        self.has_tail = isinstance(tail, dict)
+        if self.has_tail:
+            self._tail_w, self._tail_thr = float(tail["weight"]), float(tail["threshold_s"])
 
     def reset(self, engine: Engine) -> None:
         wl = engine.workload
@@ -120,6 +149,10 @@ class RewardTracker:
         self.multi_client = wl.n_clients > 1
         if self.multi_client:
             self._fair = _TickDifference(engine)
+        if self.has_tail:
+            self._tail_start = wl.arrival_s + self._tail_thr  # when a request starts to cost (sorted)
+            self._tail_stop = np.full(len(wl.arrival_s), np.nan)  # rejection times
+            self._tail_prev = 0.0
         if self.has_slo:
             has = np.isfinite(wl.ttft_slo_s)
             ids = np.nonzero(has)[0]
@@ -146,6 +179,19 @@ class RewardTracker:
     def on_reject(self, rid: int) -> None:
         self._sum_done += float(self.engine.workload.arrival_s[rid])
         self._n_done += 1
+        if self.has_tail:
+            self._tail_stop[rid] = float(self.engine.clock)
+
+    def _tail_total(self, t: float) -> float:
+        """``sum_i max(0, min(end_i, t) - arrival_i - threshold_s)`` over the requests whose
+        threshold passed by ``t``; ``end_i``: the first token, the rejection, or ``t``."""
+        j = int(np.searchsorted(self._tail_start, t, side="right"))
+        if j == 0:
+            return 0.0
+        end = self.engine.first_token_s[:j]
+        end = np.where(np.isnan(end), self._tail_stop[:j], end)
+        end = np.where(np.isnan(end), t, np.minimum(end, t))
+        return float(np.maximum(end - self._tail_start[:j], 0.0).sum())
 
     def _totals(self) -> _Totals:
         e = self.engine
@@ -178,6 +224,11 @@ class RewardTracker:
             comps["slo_online"] = -float(d_on)
             comps["slo_offline"] = -float(d_off)
             reward -= self._slo_w["online"] * d_on + self._slo_w["offline"] * d_off
+        if self.has_tail:
+            total = self._tail_total(t)
+            comps["ttft_tail"] = self._tail_prev - total
+            self._tail_prev = total
+            reward += self._tail_w * comps["ttft_tail"]
         return reward, comps
 
     def _ttft_deadlines(self, t: float) -> None:
