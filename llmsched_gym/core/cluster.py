@@ -20,9 +20,14 @@ What the router sees (the load signals):
   replica then runs through the window knowing its arrivals and fast-forwards as one engine does.
 
 A replica learns of a request only when it is routed; an idle plan (``BatchPlan.wait``) waits at
-most until the next routing point, where the replica is asked again. With one replica the router
-has no choice: the whole workload goes to it at once and the run equals the plain engine's bit for
-bit (``tests/test_cluster.py`` checks every golden scenario). A load-blind router (random,
+most until the next routing point, where the replica is asked again. A fast-forwarded decode run
+is not cut at routing points: it runs to its own end (a completion, a memory limit, the next
+arrival routed to the replica) and a routing point only reads, in O(log k), the signals the
+replica would show there (:meth:`Engine.pending_to`); its rows are applied when the replica next
+has to act, with the results of a run stepped to every routing point (``Cluster.defer_runs``).
+
+With one replica the router has no choice: the whole workload goes to it at once and the run
+equals the plain engine's bit for bit (``tests/test_cluster.py`` checks every golden scenario). A load-blind router (random,
 round-robin: ``Router.reads_load = False``) needs no signals, so :meth:`Cluster.run` routes all
 its requests at once and runs each replica alone, at a plain engine's cost per request.
 
@@ -350,6 +355,10 @@ class Cluster:
         self.migration_log: list[tuple[float, int, int, int, float]] = []
         """Every migration: (start s, global id, source, destination, transfer s)."""
         self._inflight: list[tuple[float, int, int, tuple]] = []  # (arrival at dst, gid, dst, moved)
+        self.defer_runs = True
+        """Decode runs cross routing points uncut (:meth:`Engine.pending_to`; without migration).
+        ``False`` steps every replica to each routing point: the same results, bit for bit, at
+        more cost (the reference the tests compare with)."""
         self.done = False
 
     @property
@@ -428,6 +437,9 @@ class Cluster:
         arrival = wl.arrival_s.tolist()
         horizon = min((e.config.horizon_s for e in engines if e.config.horizon_s is not None), default=math.inf)
         view, n_rep, mig = self.view, len(engines), self.migration
+        if mig is None and self.defer_runs:  # decode runs cross routing points uncut (migration reads the engines)
+            for e in engines:
+                e.defer_ff = True
         n_routed = bisect.bisect_right(arrival, horizon)
         due = mig.interval_s if mig is not None else math.inf  # the next migration round
         i = 0
@@ -455,6 +467,7 @@ class Cluster:
             self._extend(batches, min(start, self._grid(due)) if mig is not None else start)
         for e in engines:
             e.more_from = None
+            e.defer_ff = False
             e.run()
         self.done = True
 
@@ -576,13 +589,21 @@ class Cluster:
         view = self.view
         for r, e in enumerate(self.engines):
             e.more_from = limit
-            sched, ev = e.scheduler, e.view
-            sig = None
-            while e.clock < limit and e.poll():
-                sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
-                e.execute(sched.schedule(ev))
-            if sig is None or e.clock <= limit:  # at a boundary (or paused): the state as it is
-                sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
+            # a deferred decode run (Engine.pending_to) that goes past the point needs no stepping
+            sig = e.pending_to(limit) if e.pending is not None else None
+            if sig is None:
+                sched, ev = e.scheduler, e.view
+                while e.clock < limit and e.poll():
+                    sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
+                    e.execute(sched.schedule(ev))
+                    if e.pending is not None:
+                        s = e.pending_to(limit)
+                        if s is not None:
+                            sig = s
+                            break
+                else:
+                    if sig is None or e.clock <= limit:  # at a boundary (or paused): the state as it is
+                        sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
             pending = e.n - e.next_idx  # routed here, not yet arrived in the engine
             queued = int(e._prompt_cum[e.n] - e._prompt_cum[e.next_idx])
             if e._incoming:  # migrated requests on their way arrive running, not queued

@@ -271,6 +271,21 @@ class _DecodeSet:
         self.fresh.clear()
 
 
+class _Deferred:
+    """A fast-forwarded decode run not yet applied (:meth:`Engine.pending_to`): ``t`` the clock at
+    each of its boundaries (``t[0]`` its start), ``d`` each step's duration, ``used`` the KV blocks
+    in use after each step (``used0`` before), the log rows (``rows``, or columns ``cols``); the
+    stepped engine would stand at boundary ``cut``; the run ends at boundary ``end``."""
+
+    __slots__ = ("ds", "used0", "t", "d", "used", "rows", "cols", "cut", "end")
+
+    def __init__(self, ds: _DecodeSet, used0: int, t: list[float], d: list[float], used: list[int],
+                 rows: list[tuple] | None, cols: dict[str, Any] | None) -> None:
+        self.ds, self.used0, self.t, self.d, self.used, self.rows, self.cols = ds, used0, t, d, used, rows, cols
+        self.cut = 0
+        self.end = len(d)
+
+
 class Engine:
     """One worker, iteration by iteration. See the module docstring for the semantics.
 
@@ -342,6 +357,8 @@ class Engine:
         self.done = False
         self.more_from: float | None = None  # see extend()
         self._incoming: dict[int, tuple] = {}  # see migrate_in()
+        self.defer_ff = False  # see pending_to()
+        self.pending: _Deferred | None = None
         self._bufs: dict[str, np.ndarray] = {}  # see _regrow()
         self._cap = 0
         self._max_len = (int(workload.prompt_tokens.max()), int(workload.output_tokens.max())) if n else (0, 0)
@@ -411,6 +428,12 @@ class Engine:
         An engine given its whole workload this way runs exactly as one constructed with it.
         """
         old, n = self.n, len(workload)
+        p = self.pending
+        if p is not None and n > old:  # the pending run ends at the first boundary at or after the arrival
+            j = bisect.bisect_left(p.t, float(workload.arrival_s[old]), 1, p.end + 1)
+            p.end = min(p.end, max(p.cut, j))
+            if p.end == p.cut:  # the stepped engine stands there: apply it before the new rows
+                self.commit_pending()
         self.workload, self.n = workload, n
         if self.view is not None:
             self.view.rebind()
@@ -540,6 +563,8 @@ class Engine:
         """Admit arrivals up to now, skip idle gaps, and tell whether a decision is needed."""
         if self.done:
             return False
+        if self.pending is not None:
+            self.commit_pending()
         while True:
             self._arrivals()
             if self._should_stop():
@@ -990,19 +1015,23 @@ class Engine:
         k = self._ff_bound(ds)
         if k < 2:
             return False
-        limit = self._ff_limit()
+        defer = self.defer_ff and self.more_from is not None
+        limit = self._ff_limit(defer)
         d0 = self.latency.batch_time(0, 0, 0, len(ds.members), ds.ctx)
         if self.config.latency_noise_cv > 0:
             d0 *= float(self._noise_slice(self.counters.n_iterations, 1)[0])
         if self.clock + d0 >= limit:
             return False
         if k > 64 and limit - self.clock > 64 * d0:
-            return self._ff_arrays(ds, k, limit)
-        return self._ff_scalars(ds, k, limit)
+            return self._ff_arrays(ds, k, limit, defer)
+        return self._ff_scalars(ds, k, limit, defer)
 
-    def _ff_limit(self) -> float:
+    def _ff_limit(self, defer: bool = False) -> float:
+        """The next arrival or the horizon; with ``defer``, the next arrival of the requests placed
+        here so far (``more_from`` is where the cluster's routing point is, not an arrival)."""
+        t = self.next_arrival_s if not defer else self._arrival[self.next_idx] if self.next_idx < self.n else math.inf
         h = self.config.horizon_s
-        return self.next_arrival_s if h is None else min(self.next_arrival_s, h)
+        return t if h is None else min(t, h)
 
     def _ff_bound(self, ds: _DecodeSet) -> int:
         """Decode steps safe by scalars alone: up to the first completion (included), the
@@ -1020,8 +1049,9 @@ class Engine:
             return 0
         return k if k >= 2 else 0
 
-    def _ff_scalars(self, ds: _DecodeSet, k: int, limit: float) -> bool:
-        """Up to ``k`` steps, each computed as the step-by-step path computes it."""
+    def _ff_scalars(self, ds: _DecodeSet, k: int, limit: float, defer: bool = False) -> bool:
+        """Up to ``k`` steps, each computed as the step-by-step path computes it (kept in
+        :attr:`pending` with ``defer``)."""
         kv, c = self.kv, self.counters
         bs, cap, used, b = kv.block_size, kv.capacity_blocks, kv.used_blocks, len(ds.members)
         batch_time = self.latency.batch_time
@@ -1050,6 +1080,10 @@ class Engine:
         n = len(rows)
         if n < 2:
             return False
+        if defer:
+            self.pending = _Deferred(ds, kv.used_blocks, [r[0] for r in rows] + [t], [r[1] for r in rows],
+                                     [r[6] // bs for r in rows], rows, None)
+            return True
         if kv.enabled:
             kv.make_room(used - kv.used_blocks)
         kv.used_blocks = used
@@ -1058,8 +1092,8 @@ class Engine:
         self._ff_commit(ds, n, t, rows[1][0])
         return True
 
-    def _ff_arrays(self, ds: _DecodeSet, k: int, limit: float) -> bool:
-        """Up to ``k`` steps as array operations (long runs)."""
+    def _ff_arrays(self, ds: _DecodeSet, k: int, limit: float, defer: bool = False) -> bool:
+        """Up to ``k`` steps as array operations (long runs; kept in :attr:`pending` with ``defer``)."""
         kv, cfg, c = self.kv, self.config, self.counters
         b, bs = len(ds.members), kv.block_size
         steps = np.arange(k, dtype=np.int64)
@@ -1080,6 +1114,13 @@ class Engine:
         if k < 2:
             return False
         d, used_after = d[:k], kv.used_blocks + grow[:k]
+        if defer:
+            cols = {"t_start": clocks[:k], "duration": d, "n_prefill_tokens": 0, "n_cached_prefix_tokens": 0,
+                    "n_decode": b, "sum_context_tokens": ctx[:k], "kv_used": used_after * bs,
+                    "n_waiting": len(self.waiting), "n_running": len(self.running), "n_preempted": 0}
+            self.pending = _Deferred(ds, kv.used_blocks, clocks[:k + 1].tolist(), d.tolist(), used_after.tolist(),
+                                     None, cols)
+            return True
         if kv.enabled:
             kv.make_room(int(grow[k - 1]))
         kv.used_blocks = int(used_after[-1])
@@ -1097,6 +1138,66 @@ class Engine:
         })
         self._ff_commit(ds, k, float(clocks[k]), float(clocks[1]))
         return True
+
+    # ---- deferred fast-forward (the cluster level) ---------------------------------------------
+    # A cluster stops every replica at each routing point to read its load signals. With
+    # ``defer_ff`` (set by the cluster while ``more_from`` is a time) a fast-forwarded decode run is
+    # computed up to its own end (the first completion, memory or stall limit, the next arrival
+    # placed here, the horizon) and kept in ``pending`` instead of being cut at the routing point:
+    # ``pending_to`` then moves a cut through it where the step-by-step cluster would have stopped
+    # (O(log k), the engine state untouched) and tells the signals the stopped engine would show;
+    # the run's rows are committed when the engine must act (the run ends before the routing point,
+    # or a placed request arrives). A run committed at once equals the same run committed in pieces
+    # bit for bit (the fast-forward is exact at any split), so results are those of the stepped run.
+    def pending_to(self, limit: float) -> tuple[int, int, int, int] | None:
+        """Bring the pending run to the routing point ``limit``: as the stepped engine, which runs
+        to its first iteration boundary at or after ``limit``. Returns the load signals ``(waiting,
+        running, kv used tokens, waiting tokens)`` the stepped engine shows there (the state at the
+        start of its last iteration, a fast-forwarded piece counting as one, or its state when it
+        stopped exactly at ``limit``), or ``None`` when the run ends before ``limit``: it is then
+        committed, and the engine goes on as usual from its end."""
+        p = self.pending
+        t, i = p.t, p.cut
+        if t[p.end] < limit:
+            self.commit_pending()
+            return None
+        kv = self.kv
+        sig = (len(self.waiting), len(self.running), (p.used[i - 1] if i else p.used0) * kv.block_size,
+               self.waiting_tokens)
+        if t[i] < limit:
+            j = bisect.bisect_left(t, limit, i + 1, p.end + 1)
+            if j == p.end or t[j] == limit:  # the stepped engine has ended the run, or stopped on the point
+                p.end = j
+                self.commit_pending()
+                if t[j] == limit:
+                    return len(self.waiting), len(self.running), kv.used_tokens, self.waiting_tokens
+                return sig
+            p.cut = j
+            if kv.enabled:  # the prefix cache evicts as the stepped engine did up to the cut
+                kv.make_room(p.used[j - 1] - kv.used_blocks)
+        return sig
+
+    def commit_pending(self) -> None:
+        """Apply the pending run's steps (up to its end) to the engine, as the fast-forward does."""
+        p, self.pending = self.pending, None
+        m, kv, c = p.end, self.kv, self.counters
+        used, d = p.used[:m], p.d[:m]
+        kti, busy = c.kv_time_integral, c.busy_time
+        for u, x in zip(used, d, strict=True):  # sequential sums, bit for bit the step-by-step ones
+            kti += u * x
+            busy += x
+        c.kv_time_integral, c.busy_time = kti, busy
+        peak = max(used)
+        if peak > c.kv_peak_blocks:
+            c.kv_peak_blocks = peak
+        if kv.enabled:
+            kv.make_room(used[-1] - kv.used_blocks)
+        kv.used_blocks = used[-1]
+        if p.rows is not None:
+            self.log.add_rows(p.rows[:m] if m < len(p.rows) else p.rows)
+        else:
+            self.log.add_segment({k: v[:m] if isinstance(v, np.ndarray) else v for k, v in p.cols.items()})
+        self._ff_commit(p.ds, m, p.t[m], p.t[1])
 
     def _ff_commit(self, ds: _DecodeSet, k: int, t_end: float, t_first: float) -> None:
         """The decode set produced ``k`` tokens each, the first at ``t_first``; the clock is ``t_end``."""
