@@ -286,9 +286,11 @@ class ObservationBuilder:
         return min(math.log1p(max(t, 0.0) * self.inv_unit) * self.inv_log_time, 1.0)
 
     # ------------------------------------------------------------------------------------------
-    def observe(self, last: Recent) -> np.ndarray | dict[str, np.ndarray]:
+    def observe(self, last: Recent, out: np.ndarray | None = None) -> np.ndarray | dict[str, np.ndarray]:
         """The observation now (a fresh array, or a dict of views of one): the decision point's
-        slots and batch being formed, the engine, and ``last``, what the last batches did."""
+        slots and batch being formed, the engine, and ``last``, what the last batches did.
+        ``out``: a float32 vector of the flat layout to write instead (the vector env's row of its
+        batch array), returned as it is."""
         e, dp = self.e, self.dp
         n = len(dp.slots)
         if n and dp.row_upto < self.K + len(dp.sel):  # (window()'s test, without the call)
@@ -300,7 +302,11 @@ class ObservationBuilder:
             self._boundary(last)
         if self.budgets and self.timed:
             self._batch_times()
-        buf = self.base.copy()
+        if out is None:
+            buf = self.base.copy()
+        else:
+            buf = out
+            buf[:] = self.base
         if n:  # (no slot: the base's queue part is all zeros already)
             q = buf[: self.nq].reshape(self.K, -1)
             self.rows.take(dp.ids_pad, axis=0, out=q, mode="clip")
@@ -324,7 +330,7 @@ class ObservationBuilder:
             buf[self.i_batch_tokens] = self.log_tokens(self.run_tokens + dp.sel_tokens)
         buf[self.i_queue_len] = math.log1p(dp.n_waiting - n_sel) * self.inv_log_n
         buf[self.i_backlog] = self.log_tokens(max(e.waiting_tokens - dp.sel_tokens, 0))
-        if self.flat:
+        if self.flat or out is not None:
             return buf
         return {name: buf[part] for name, part in self.parts}
 

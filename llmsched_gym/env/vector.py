@@ -39,7 +39,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -103,12 +102,13 @@ class LLMSchedVectorEnv(VectorEnv):
         self.observation_space = batch_space(first.observation_space, n)
         self.action_space = batch_space(first.action_space, n)
         self.flat = first.flat
-        self._parts = [(name, s.shape[0]) for name, s in first.observation_space.spaces.items()] \
-            if isinstance(first.observation_space, spaces.Dict) else []
-        if self.flat:
-            self._obs = np.zeros((n, first.observation_space.shape[0]), np.float32)
-        else:
-            self._obs_parts = {name: np.zeros((n, size), np.float32) for name, size in self._parts}
+        # every env writes its observation (the flat layout) into its row of one batch array; the
+        # Dict parts are column blocks of it
+        builder = first._obs
+        self._obs = np.zeros((n, builder.size), np.float32)
+        self._rows = list(self._obs)
+        where = dict(builder.parts)
+        self._parts = [] if self.flat else [(name, where[name]) for name in first.observation_space.spaces]
         self._rewards = np.zeros(n, np.float64)
         self._terminated = np.zeros(n, bool)
         self._truncated = np.zeros(n, bool)
@@ -117,36 +117,31 @@ class LLMSchedVectorEnv(VectorEnv):
         self._clock = np.zeros(n, np.float64)
         self._comp_names = ("latency", "throughput", "eviction", "slo", "fairness")
         self._comps: dict[str, np.ndarray] = {}
-        self._steps = np.zeros(n, np.int64)  # steps of the current episodes (the step limit)
-        self._episodes = np.zeros(n, np.int64)  # resets so far, per env (episode_seeds' counter)
-        self._needs_reset = np.zeros(n, bool)  # NEXT_STEP: ended at the last step
+        # per-env counters as lists (cheaper than numpy scalars in the step loop)
+        self._steps = [0] * n  # steps of the current episodes (the step limit)
+        self._episodes = [0] * n  # resets so far, per env (episode_seeds' counter)
+        self._needs_reset = [False] * n  # NEXT_STEP: ended at the last step
         self._started = False
         self._masks_fresh = False
         self.closed = False
 
     # ------------------------------------------------------------------------------------------
     def _write_obs(self, i: int, env: LLMSchedEnv) -> None:
-        o = env._observe()
-        if self.flat:
-            self._obs[i] = o
-        else:
-            parts = self._obs_parts
-            for name, _ in self._parts:
-                parts[name][i] = o[name]
+        env._obs.observe(env.driver.recent, out=self._rows[i])
 
     def _batch_obs(self):
         if self.flat:
             return self._obs.copy()
-        return {name: a.copy() for name, a in self._obs_parts.items()}
+        return {name: self._obs[:, part].copy() for name, part in self._parts}
 
     def _obs_row(self, i: int):
         if self.flat:
             return self._obs[i].copy()
-        return {name: a[i].copy() for name, a in self._obs_parts.items()}
+        return {name: self._obs[i, part].copy() for name, part in self._parts}
 
     def _reset_one(self, i: int, seed: int | None, options: dict | None) -> dict[str, Any]:
         if self.episode_seeds is not None:
-            seed = int(self.episode_seeds(i, int(self._episodes[i])))
+            seed = int(self.episode_seeds(i, self._episodes[i]))
         self._episodes[i] += 1
         self._steps[i] = 0
         self._needs_reset[i] = False
@@ -207,12 +202,13 @@ class LLMSchedVectorEnv(VectorEnv):
         envs, rewards, term, trunc = self.envs, self._rewards, self._terminated, self._truncated
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
         limit = self.max_episode_steps
+        steps, needs_reset = self._steps, self._needs_reset
         ends: list[tuple[int, dict]] = []
         finals: list[tuple[int, Any, dict]] = []
         self._masks_fresh = False
         for i in range(self.num_envs):
             env = envs[i]
-            if self._needs_reset[i]:  # NEXT_STEP: the episode ended at the last step
+            if needs_reset[i]:  # NEXT_STEP: the episode ended at the last step
                 info = self._reset_one(i, None, None)
                 rewards[i] = 0.0
                 term[i] = trunc[i] = False
@@ -220,8 +216,8 @@ class LLMSchedVectorEnv(VectorEnv):
                     self._row_info(i, info)
                 continue
             r, te, tr, comps = env._step(actions[i])
-            self._steps[i] += 1
-            if limit is not None and self._steps[i] >= limit:
+            steps[i] += 1
+            if limit is not None and steps[i] >= limit:
                 tr = True
             rewards[i], term[i], trunc[i] = r, te, tr
             if te or tr:
@@ -232,7 +228,7 @@ class LLMSchedVectorEnv(VectorEnv):
                     info = self._reset_one(i, None, None)
                 else:
                     self._write_obs(i, env)
-                    self._needs_reset[i] = True
+                    needs_reset[i] = True
                 if infos:
                     self._row_info(i, info)
             else:
