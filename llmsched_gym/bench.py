@@ -21,7 +21,9 @@ Sections (``--only``, repeatable; the default runs engine and env):
   ``n_envs`` (``--vec native``, the same computation) and with the native vector env at 16 envs and
   the same rollout size (``n_steps`` scaled down: a different recipe). Steps per second of
   ``learn`` by wall clock and per CPU second, and the start-up (interpreter, imports, envs,
-  model: the process's wall time outside ``learn``) apart (``--quick``: 2,048 steps). No behaviour
+  model, and the interpreter's exit: the process's wall time outside ``learn``) apart, and the
+  whole process's steps per CPU second (what one quiet core would give end to end; the wall figures
+  grow with the machine's load) (``--quick``: 2,048 steps). No behaviour
   cloning (``--bc-from none``: a recipe's teacher may not be expressible in another action mode).
 * ``sweep``: the wall time of one ``llmsched compare`` sweep (:data:`SWEEP`, 20 cells) run
   serially, with ``--jobs 2`` and, when the ray extra is installed, on a local Ray instance with 2
@@ -240,7 +242,8 @@ def bench_train(scenario: str = "azure-conv", modes: tuple[str, ...] = TRAIN_MOD
                        "learn_wall_s": meta["learn_wall_s"], "learn_cpu_s": meta["learn_cpu_s"],
                        "startup_wall_s": wall - meta["learn_wall_s"], "process_wall_s": wall, "process_cpu_s": cpu,
                        "steps_per_s": steps / meta["learn_wall_s"], "steps_per_cpu_s": steps / meta["learn_cpu_s"],
-                       "steps_per_s_incl_startup": steps / wall, "command": " ".join(["llmsched", *cmd[3:]]),
+                       "steps_per_s_incl_startup": steps / wall, "steps_per_cpu_s_incl_startup": steps / cpu,
+                       "command": " ".join(["llmsched", *cmd[3:]]),
                        "workload": (meta.get("workload") or {}).get("title", scenario)}
                 best = runs[mode].get(label)
                 if best is None or rec["learn_cpu_s"] < best["learn_cpu_s"]:
@@ -335,7 +338,7 @@ def _train_section(con: Any, quick: bool) -> dict[str, Any] | None:
                     f"--score-every 0 --threads 1, fresh process each (load average {tr['loadavg_1min']:.1f} "
                     f"on {os.cpu_count()} cores); workload: {', '.join(shown)}")
     for col in ("action mode", "vec env", "envs x steps", "learn steps/s", "steps/CPU-s", "vs dummy (CPU)",
-                "start-up s", "steps/s incl. start-up"):
+                "start-up s", "steps/s incl. start-up", "steps/CPU-s incl. start-up"):
         t.add_column(col, justify="right" if col not in ("action mode", "vec env") else "left")
     for mode, by_vec in tr["runs"].items():
         ref = by_vec.get("dummy")
@@ -343,7 +346,8 @@ def _train_section(con: Any, quick: bool) -> dict[str, Any] | None:
             t.add_row(mode, label, f"{r['n_envs']} x {r['n_steps']}", f"{r['steps_per_s']:,.0f}",
                       f"{r['steps_per_cpu_s']:,.0f}",
                       f"{r['steps_per_cpu_s'] / ref['steps_per_cpu_s']:.2f}x" if ref else "",
-                      f"{r['startup_wall_s']:.1f}", f"{r['steps_per_s_incl_startup']:,.0f}")
+                      f"{r['startup_wall_s']:.1f}", f"{r['steps_per_s_incl_startup']:,.0f}",
+                      f"{r['steps_per_cpu_s_incl_startup']:,.0f}")
     con.print(t)
     return tr
 

@@ -288,4 +288,7 @@ def test_bench_train_reports_every_variant_of_each_mode():
         for r in by_vec.values():
             assert r["steps"] == 64 and r["steps_per_cpu_s"] == pytest.approx(64 / r["learn_cpu_s"])
             assert 0 < r["learn_wall_s"] < r["process_wall_s"] and r["startup_wall_s"] > 0
+            # the whole process's CPU time covers learn's (imports, set-up and exit come on top)
+            assert r["process_cpu_s"] > r["learn_cpu_s"]
+            assert r["steps_per_cpu_s_incl_startup"] == pytest.approx(64 / r["process_cpu_s"])
             assert r["workload"].startswith("jaillet-high")  # what the run trained on (a stand-in would say so)
