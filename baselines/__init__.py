@@ -42,7 +42,7 @@ POLICIES: dict[str, PolicyEntry] = {
     "vllm-v0": PolicyEntry("vllm:VLLMV0", {"max_num_batched_tokens": 4096, "max_num_seqs": 256, "watermark": 0.01}),
     "sarathi": PolicyEntry("sarathi:Sarathi", {"chunk_size": 512, "max_num_seqs": 128, "watermark": 0.01}),
     "static": PolicyEntry("static:Static", {"order": "fcfs", "chunk_size": 512, "max_num_seqs": 128, "quantum": 1,
-                                            "watermark": 0.01}),
+                                            "watermark": 0.01, "prompt_weight": 0.0}),
     "mcsf": PolicyEntry("mcsf:MCSF", _MCSF),
     "semi-online": PolicyEntry("mcsf:SemiOnline", _MCSF),
     "sjf": PolicyEntry("sjf:SJF", _SJF),

@@ -46,6 +46,12 @@ what the token budget leaves. What changes is the order in which the waiting que
     orders.
 ``watermark``
     The fraction of KV blocks an admission must leave free (vLLM's 1 %).
+``prompt_weight``
+    ``output`` only: the key becomes predicted remaining output + ``prompt_weight`` x prompt
+    length (0 by default: shortest predicted output alone; ``total`` is the weight 1). Under a
+    tight KV cache a small weight orders better than either end: a long prompt holds its blocks
+    from the first iteration. Not in :func:`static_family` (the benchmark's best static heuristic
+    is chosen without it); the ``tune`` action mode of ``LLMSched-v1`` can set it per decision.
 
 Memory: an admission must fit its whole prompt (Sarathi's rule, ``reserve=True``); when a
 running decode lacks a block the victim is the running request with the worst key (vLLM's
@@ -212,12 +218,16 @@ class Static(OrderedBatcher):
     """A static heuristic: queue ``order`` through Sarathi's batch former (module docstring)."""
 
     params: ClassVar[dict[str, Any]] = {"order": "fcfs", "chunk_size": 512, "max_num_seqs": 128, "quantum": 1,
-                                        "watermark": 0.01}
+                                        "watermark": 0.01, "prompt_weight": 0.0}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if self.order not in ORDERS:
             raise PolicyError(f"policy.order: unknown {self.order!r}; allowed: {', '.join(ORDERS)}")
+        if not (math.isfinite(self.prompt_weight) and self.prompt_weight >= 0.0):
+            raise PolicyError(f"policy.prompt_weight: must be a finite number >= 0, got {self.prompt_weight!r}")
+        if self.prompt_weight and self.order != "output":
+            raise PolicyError(f"policy.prompt_weight: only order 'output' reads it, got order {self.order!r}")
         self.preemptive = self.order in PREEMPTIVE
         self.reorder_running = self.order not in ("fcfs", "lpm")
         self.fixed_waiting_keys = self.order != "lpm"  # prefix matches change with the cache
@@ -226,6 +236,16 @@ class Static(OrderedBatcher):
 
     def needs(self) -> str:
         return "predicted" if self.reads_prediction else "nothing"
+
+    @property
+    def prompt_weight(self) -> float:
+        """The ``output`` key's weight on the prompt length (module docstring)."""
+        return self._prompt_weight
+
+    @prompt_weight.setter
+    def prompt_weight(self, value: float) -> None:
+        self._prompt_weight = float(value)
+        self._wlist = None  # the cached waiting order was sorted with the old keys
 
     def reset(self, config, rng: np.random.Generator) -> None:
         super().reset(config, rng)
@@ -242,7 +262,9 @@ class Static(OrderedBatcher):
             return view.prompt_tokens[ids]
         if order in ("output", "total"):
             rest = np.maximum(view.predicted_output[ids] - view.generated[ids], 1)
-            return rest + view.prompt_tokens[ids] if order == "total" else rest
+            if order == "total":
+                return rest + view.prompt_tokens[ids]
+            return rest + self._prompt_weight * view.prompt_tokens[ids] if self._prompt_weight else rest
         if order in PREEMPTIVE:
             return self.levels(view, ids)
         if order == "lpm":

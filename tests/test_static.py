@@ -46,6 +46,34 @@ def test_each_order_admits_in_the_exact_expected_order(order, expected):
     assert r.summary["n_completed"] == 5
 
 
+def test_prompt_weight_adds_the_weighted_prompt_to_the_output_key():
+    # keys predicted + 0.5 x prompt: 3.5, 7.5, 6, 5.5, 5 (output alone: [0, 2, 4, 3, 1])
+    sc = toy([0.0] * 5, PROMPT, TRUE_OUT, predicted=PREDICTED)
+    r = simulate(sc, {"name": "static", "order": "output", "prompt_weight": 0.5, "max_num_seqs": 1})
+    assert start_order(r) == [0, 4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("chunk", [0, 256])
+def test_output_with_prompt_weight_one_is_total_exactly(chunk):
+    ov = {"workload.n_requests": 200, "engine.kv_capacity_tokens": 24000}
+    a = simulate("azure-conv", {"name": "static", "order": "total", "chunk_size": chunk}, 4, ov).summary
+    b = simulate("azure-conv", {"name": "static", "order": "output", "prompt_weight": 1.0, "chunk_size": chunk}, 4,
+                 ov).summary
+    _same(a, b)
+
+
+def test_a_new_prompt_weight_resorts_the_cached_waiting_order():
+    # the tune action mode sets prompt_weight between iterations while the waiting queue (and so
+    # the cached order) may be unchanged: the next order must use the new keys
+    sc = toy([0.0] * 5, PROMPT, TRUE_OUT, predicted=PREDICTED)
+    engine, _ = make_engine(sc, {"name": "static", "order": "output", "max_num_seqs": 1}, 0)
+    assert engine.poll()  # the five arrivals wait
+    pol, view = engine.scheduler, engine.view
+    assert pol.waiting_order(view)[0] == [int(r) for r in np.argsort(np.array(PREDICTED), kind="stable")]
+    pol.prompt_weight = 0.5
+    assert pol.waiting_order(view)[0] == [0, 4, 3, 2, 1]
+
+
 def test_lpm_admits_the_request_sharing_the_cached_prefix_first():
     # 0 = U1 D0 runs alone; then U1 is cached and 3 = U1 D3 goes before 1 = U2 D1 and 2 = U3 D2
     prefix = [[[1, 40], [10, 10]], [[2, 40], [11, 10]], [[3, 40], [12, 10]], [[1, 40], [13, 10]]]
@@ -154,7 +182,7 @@ def test_fcfs_reproduces_sarathi_exactly(scenario, n, chunk, seqs):
 
 
 def test_fcfs_defaults_are_sarathis_and_whole_prefill_is_an_unbounded_budget():
-    assert {k: v for k, v in policy_params("static").items() if k not in ("order", "quantum")} == \
+    assert {k: v for k, v in policy_params("static").items() if k not in ("order", "quantum", "prompt_weight")} == \
         policy_params("sarathi")
     ov = {"workload.n_requests": 200}
     _same(simulate("azure-conv", "sarathi", 5, ov).summary, simulate("azure-conv", "static", 5, ov).summary)
@@ -203,6 +231,8 @@ def test_orders_that_need_predictions_say_so():
     ({"max_num_seqs": 0}, "policy.max_num_seqs: must be >= 1"),
     ({"quantum": 0}, "policy.quantum: must be >= 1"),
     ({"budget": 3}, "policy.budget: unknown parameter"),
+    ({"order": "output", "prompt_weight": -0.5}, "policy.prompt_weight: must be a finite number >= 0, got -0.5"),
+    ({"order": "prompt", "prompt_weight": 0.5}, "policy.prompt_weight: only order 'output' reads it, got order 'prompt'"),
 ])
 def test_bad_parameters_are_one_line_errors(params, message):
     with pytest.raises(PolicyError, match=message.replace("(", r"\(")):
