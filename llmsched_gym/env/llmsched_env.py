@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from llmsched_gym.config import explicit_engine_keys
+from llmsched_gym.config import ConfigError, explicit_engine_keys
 from llmsched_gym.core.engine import Engine
 from llmsched_gym.core.information import BLIND, information_of
 from llmsched_gym.core.metrics import summarize
@@ -266,6 +266,12 @@ class LLMSchedEnv(gym.Env):
       ``budget``: the fixed budget of ``subset``, ``priority`` and ``knob`` (default unlimited).
     * ``candidates``: ``meta`` mode's policies (names or ``{"name": ..., **params}``).
     * ``base``, ``tune``: ``tune`` mode's policy and ``{parameter: [low, high]}``.
+    * ``decide_every_s``: ``meta`` and ``tune`` only: after a decision the next one comes no
+      sooner than this many simulated seconds later; the boundaries in between run the chosen
+      candidate, or the base policy with the chosen parameters (default: every boundary at which a
+      request waits or a prefill is unfinished). Fewer, longer steps: each step's reward then
+      covers about the same stretch of time whatever the action, so that a per-step discount or
+      GAE does not favour actions that merely make iterations shorter.
     * ``n_requests``, ``horizon_s``: episode length (``workload.n_requests``, ``engine.horizon_s``).
     * ``overrides``: dotted scenario overrides, as ``--set`` (``{"engine.kv_capacity_tokens": 8000}``).
     * ``flat``: one Box observation instead of the Dict.
@@ -317,6 +323,7 @@ class LLMSchedEnv(gym.Env):
         tune: dict | None = None,
         n_requests: int | None = None,
         horizon_s: float | None = None,
+        decide_every_s: float | None = None,
         overrides: dict[str, Any] | None = None,
         flat: bool = False,
         invalid_action: str = "noop",
@@ -328,6 +335,7 @@ class LLMSchedEnv(gym.Env):
         a = check_args(action_mode=action_mode, order=order, admission=admission, invalid_action=invalid_action,
                        K=K, budget=budget, max_num_seqs=max_num_seqs, render_mode=render_mode,
                        invalid_penalty=invalid_penalty, flat=flat, n_requests=n_requests, horizon_s=horizon_s,
+                       decide_every_s=decide_every_s,
                        overrides={} if overrides is None else overrides)
         self.mode, self.K, self.order, self.admission = action_mode, a["K"], order, admission
         self.budgets = check_budgets(budgets)
@@ -342,8 +350,12 @@ class LLMSchedEnv(gym.Env):
         self.switch, self.base, self.tune = pols.switch, pols.base, pols.tune
         self.dp = DecisionPoint(self.K, order, admission, a["max_num_seqs"])
         self.driver = Driver(self.dp, invalid_action == "raise", record=render_mode == "rgb_array")
+        if a["decide_every_s"] is not None and action_mode not in ("meta", "tune"):
+            raise ConfigError(f"decide_every_s: only the meta and tune action modes hold a decision, "
+                              f"not {action_mode!r}")
         self._mode = make_mode(action_mode, self.driver, self.dp, self.K, budgets=self.budgets, budget=self.budget,
-                               blind=self.information == BLIND, switch=self.switch, base=self.base, tune=self.tune)
+                               blind=self.information == BLIND, switch=self.switch, base=self.base, tune=self.tune,
+                               decide_every_s=a["decide_every_s"])
         self.action_space = self._mode.space
         self._obs = ObservationBuilder(self.K, self.flat, self.budgets if action_mode == "select" else None)
         self.observation_space = self._obs.space
@@ -400,6 +412,7 @@ class LLMSchedEnv(gym.Env):
                                           explicit_engine_keys(self._overrides))
         mode, driver = self._mode, self.driver
         driver.start(e, self.budgets[0] if self.mode == "select" else self.budget, mode.decides, mode.between)
+        mode.start()
         self._obs.setup(e, self.dp, self.information, self.scenario["workload"].get("predictor"))
         self._tracker.reset(e)
         self._zeros = {"latency": 0.0, "throughput": 0.0, "eviction": 0.0, "slo": 0.0, "fairness": 0.0}

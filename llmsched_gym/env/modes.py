@@ -13,6 +13,8 @@ express it). :func:`make_mode` builds the mode an env asks for.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from llmsched_gym.core.scheduler import BatchPlan, Scheduler
@@ -47,6 +49,9 @@ class Mode:
     @property
     def space(self):
         return action_space(self.name, self.K)
+
+    def start(self) -> None:
+        """A new episode begins (the driver has its new engine)."""
 
     def decides(self) -> bool:
         """Whether this boundary is a decision: a slot is admissible or a prefill is unfinished."""
@@ -293,14 +298,24 @@ class KnobMode(Mode):
 
 
 class PolicyMode(Mode):
-    """Modes whose action picks or parameterises a policy that forms the whole plan."""
+    """Modes whose action picks or parameterises a policy that forms the whole plan. With
+    ``decide_every_s`` a decision holds for that many simulated seconds: the boundaries before
+    then are not decisions and run the policy as the last action left it."""
 
-    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, policy: Scheduler) -> None:
+    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, policy: Scheduler,
+                 decide_every_s: float | None = None) -> None:
         super().__init__(driver, dp, k)
         self.policy = policy
+        self.decide_every_s = decide_every_s
+        self._next_s = -math.inf
+
+    def start(self) -> None:
+        self._next_s = -math.inf
 
     def decides(self) -> bool:
         view = self.driver.view
+        if self.decide_every_s is not None and view.now < self._next_s:
+            return False
         return bool(view.waiting) or view.n_in_prefill > 0
 
     def between(self) -> BatchPlan:
@@ -311,6 +326,8 @@ class PolicyMode(Mode):
 
     def run(self) -> None:
         view = self.driver.view
+        if self.decide_every_s is not None:
+            self._next_s = view.now + self.decide_every_s
         plan = self.policy.schedule(view)
         if view.waiting:
             plan.hold = False  # the next boundary is a decision again
@@ -322,8 +339,9 @@ class MetaMode(PolicyMode):
 
     name = "meta"
 
-    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, switch: Scheduler) -> None:
-        super().__init__(driver, dp, k, switch)
+    def __init__(self, driver: Driver, dp: DecisionPoint, k: int, switch: Scheduler,
+                 decide_every_s: float | None = None) -> None:
+        super().__init__(driver, dp, k, switch, decide_every_s)
         self.n = len(switch.candidates)
 
     @property
@@ -352,8 +370,8 @@ class TuneMode(PolicyMode):
     name = "tune"
 
     def __init__(self, driver: Driver, dp: DecisionPoint, k: int, base: Scheduler,
-                 knobs: dict[str, tuple[float, float]]) -> None:
-        super().__init__(driver, dp, k, base)
+                 knobs: dict[str, tuple[float, float]], decide_every_s: float | None = None) -> None:
+        super().__init__(driver, dp, k, base, decide_every_s)
         self.knobs = knobs
         self.params = type(self.policy).params
 
@@ -379,17 +397,18 @@ MODES: dict[str, type[Mode]] = {m.name: m for m in (SelectMode, SubsetMode, Prio
 
 def make_mode(name: str, driver: Driver, dp: DecisionPoint, k: int, *, budgets: tuple[int | None, ...],
               budget: int | None, blind: bool, switch: Scheduler | None = None, base: Scheduler | None = None,
-              tune: dict[str, tuple[float, float]] | None = None) -> Mode:
+              tune: dict[str, tuple[float, float]] | None = None, decide_every_s: float | None = None) -> Mode:
     """The action mode ``name`` over ``driver`` and ``dp`` with ``k`` slots: ``select`` launches
     with ``budgets`` (its longest-remaining preempt masked when ``blind``), ``subset``,
     ``priority`` and ``knob`` with ``budget``; ``meta`` runs ``switch``'s candidates, ``tune``
-    the ``base`` policy with knobs ``tune``."""
+    the ``base`` policy with knobs ``tune``, both deciding at most every ``decide_every_s``
+    simulated seconds when it is set."""
     if name == "select":
         return SelectMode(driver, dp, k, budgets, blind)
     if name == "meta":
-        return MetaMode(driver, dp, k, switch)
+        return MetaMode(driver, dp, k, switch, decide_every_s)
     if name == "tune":
-        return TuneMode(driver, dp, k, base, tune)
+        return TuneMode(driver, dp, k, base, tune, decide_every_s)
     return MODES[name](driver, dp, k, budget)
 
 

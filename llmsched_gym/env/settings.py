@@ -45,10 +45,11 @@ ENV_ARGS: dict[str, Setting] = {
     "flat": Setting("bool"),
     "n_requests": Setting("int", ge=0),
     "horizon_s": Setting("float", gt=0),
+    "decide_every_s": Setting("float", gt=0),
     "overrides": Setting("dict"),
 }
 """The env's scalar arguments (in the order they are checked)."""
-OPTIONAL = ("budget", "max_num_seqs", "render_mode", "n_requests", "horizon_s")
+OPTIONAL = ("budget", "max_num_seqs", "render_mode", "n_requests", "horizon_s", "decide_every_s")
 """Arguments that may be ``None`` (their default: unlimited, none, or the scenario's)."""
 
 ENGINE_POLICIES = ("fcfs", "sjf", "srpt", "sarathi", "vllm-v1", "vllm-v0")
