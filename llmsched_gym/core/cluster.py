@@ -170,6 +170,30 @@ class ClusterView:
         if not self._c.has_prefix:
             return out
         cap = int(self.prompt_tokens[rid]) - 1
+        holders = self._c.block_holders() if isinstance(self._c, Cluster) else None
+        if holders is not None:  # one walk of the prompt's blocks for every replica at once
+            bs = int(self.block_size[0])
+            hashes = self.block_hashes(rid, bs)
+            hold, alive, b = holders.holders, holders.all, 0
+            for b, hsh in enumerate(hashes):  # noqa: B007 (b is read after the loop)
+                still = alive & hold.get(hsh, 0)
+                if still != alive:
+                    gone = alive ^ still
+                    while gone:  # replicas whose match ends at block b
+                        low = gone & -gone
+                        out[low.bit_length() - 1] = b
+                        gone ^= low
+                    alive = still
+                    if not alive:
+                        break
+            else:
+                b = len(hashes)
+            while alive:  # every block held
+                low = alive & -alive
+                out[low.bit_length() - 1] = b
+                alive ^= low
+            out *= bs
+            return np.minimum(out, cap, out=out, where=holders.capped) if holders.any_capped else out
         for r, e in enumerate(self._c.engines):
             kv = e.kv
             if kv.enabled:
@@ -188,6 +212,44 @@ class ClusterView:
         wl = self._c.workload
         need = -(-(int(wl.prompt_tokens[rid]) + int(wl.output_tokens[rid])) // self.block_size)
         return need * self.block_size <= self.kv_capacity
+
+
+class _Watch:
+    """One replica's hook into :class:`_BlockHolders` (its bit)."""
+
+    __slots__ = ("holders", "bit", "keep")
+
+    def __init__(self, holders: dict[int, int], bit: int) -> None:
+        self.holders, self.bit, self.keep = holders, bit, ~bit
+
+    def cached(self, hsh: int) -> None:
+        hold = self.holders
+        hold[hsh] = hold.get(hsh, 0) | self.bit
+
+    def evicted(self, hsh: int) -> None:
+        hold = self.holders
+        v = hold[hsh] & self.keep
+        if v:
+            hold[hsh] = v
+        else:
+            del hold[hsh]
+
+
+class _BlockHolders:
+    """An inverted index of the replicas' prefix caches: ``holders[hash]`` has bit ``r`` set when
+    replica ``r`` caches that block (used or idle), kept current by each cache's ``watch`` hook, so
+    that :meth:`ClusterView.prefix_hit` walks a prompt's blocks once, not once per replica
+    (O(blocks + N) instead of O(blocks x N))."""
+
+    def __init__(self, engines: Sequence[Engine]) -> None:
+        self.holders: dict[int, int] = {}
+        self.all = (1 << len(engines)) - 1
+        self.capped = np.array([e.kv.cap_prompt_minus_one for e in engines])
+        self.any_capped = bool(self.capped.any())
+        for r, e in enumerate(engines):
+            w = e.kv.watch = _Watch(self.holders, 1 << r)
+            for hsh in e.kv.cached_hashes():
+                w.cached(hsh)
 
 
 _ROW_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class",
@@ -346,6 +408,7 @@ class Cluster:
         self.placement = np.full(len(workload), -1, dtype=np.int64)
         """The replica each request was routed to (-1: not routed: it arrives after the horizon)."""
         self._hashers: dict[int, KVCache] = {}
+        self._holders: _BlockHolders | None = None
         self.view = ClusterView(self)
         router.reset(len(self.replicas), np.random.default_rng(np.random.SeedSequence([seed, 0x0A7E])))
         self._signals = [(0, 0, 0, 0)] * len(self.replicas)
@@ -369,6 +432,14 @@ class Cluster:
     def hasher(self, block_size: int) -> KVCache:
         """A prefix-hash index of the global workload (no memory accounting: its hashes only)."""
         return prefix_hasher(self._hashers, self.workload, block_size)
+
+    def block_holders(self) -> _BlockHolders | None:
+        """Which replicas' prefix caches hold each block (built at the first call, then kept by the
+        caches' ``watch`` hooks); ``None`` when the replicas' block sizes differ."""
+        h = self._holders
+        if h is None and len({e.kv.block_size for e in self.engines}) == 1:
+            h = self._holders = _BlockHolders(self.engines)
+        return h
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> None:

@@ -24,7 +24,7 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -74,6 +74,9 @@ class KVCache:
         self._held: dict[int, list[int]] = {}
         self.hit_tokens = 0
         self.evicted_blocks = 0
+        self.watch: Any = None
+        """Told of each block entering (``watch.cached(hash)``) and leaving (``watch.evicted(hash)``)
+        the cache: the cluster's index of which replica holds which block (``None``: nobody)."""
         # priority eviction (None = LRU): idle hash -> (priority, release seq); lazy-deletion heap
         self._priority: Callable[[int], float] | None = None
         self._entry: dict[int, tuple[float, int]] = {}
@@ -196,6 +199,8 @@ class KVCache:
             r = self._ref.get(hsh)
             if r is None:
                 self._ref[hsh] = 1
+                if self.watch is not None:
+                    self.watch.cached(hsh)
             else:
                 # computed twice concurrently: share the existing block, drop our copy
                 if r == 0:
@@ -230,6 +235,8 @@ class KVCache:
             else:
                 hsh = self._pop_lowest()
             del self._ref[hsh]
+            if self.watch is not None:
+                self.watch.evicted(hsh)
             self.evicted_blocks += 1
             excess -= 1
 
@@ -266,6 +273,10 @@ class KVCache:
                 break
             n += 1
         return n
+
+    def cached_hashes(self) -> list[int]:
+        """Every block cached now (used or idle), by hash."""
+        return list(self._ref)
 
     def references(self, hsh: int) -> int:
         """Running requests holding cached block ``hsh`` (0: idle, or not cached)."""

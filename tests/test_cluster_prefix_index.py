@@ -1,0 +1,109 @@
+"""The cluster's index of cached prefix blocks (``Cluster.block_holders``: which replica caches
+which block, kept by each KV cache's ``watch`` hook) answers ``ClusterView.prefix_hit`` as each
+replica's own cache does, through admissions, completions and evictions."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baselines.routers import make_router
+from llmsched_gym.core.cluster import Cluster, Replica, Router
+from llmsched_gym.core.engine import EngineConfig
+from llmsched_gym.core.latency import make_latency
+from llmsched_gym.core.request import Workload
+from llmsched_gym.sim import make_policy
+
+
+def _walk(view, rid: int) -> list[int]:
+    """Per replica, the prompt tokens its cache holds, walked replica by replica."""
+    out = []
+    cap = int(view.prompt_tokens[rid]) - 1
+    for e in view._c.engines:
+        kv = e.kv
+        m = kv.match_hashes(view.block_hashes(rid, kv.block_size)) * kv.block_size if kv.enabled else 0
+        out.append(min(m, cap) if kv.cap_prompt_minus_one else m)
+    return out
+
+
+class Checking(Router):
+    """Routes as ``inner`` does, checking the indexed prefix hits against the walk at every arrival."""
+
+    name = "checking"
+
+    def __init__(self, inner: Router) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def reset(self, n_replicas, rng) -> None:
+        super().reset(n_replicas, rng)
+        self.inner.reset(n_replicas, rng)
+        self.hits: list[list[int]] = []
+
+    def route(self, rid, view):
+        got = view.prefix_hit(rid).tolist()
+        assert got == _walk(view, rid), rid
+        self.hits.append(got)
+        return self.inner.route(rid, view)
+
+
+def _cluster(wl, router, caps, block_sizes=None, cap_minus_one=True, refresh_s=0.05) -> Cluster:
+    block_sizes = block_sizes or [16] * len(caps)
+    reps = [Replica(EngineConfig(kv_capacity_tokens=cap, block_size=bs, overflow="preempt_lifo_recompute",
+                                 prefix_cap_prompt_minus_one=cap_minus_one),
+                    make_latency("linear:d0=0.01,d1=1e-6"), make_policy("vllm-v1"))
+            for cap, bs in zip(caps, block_sizes, strict=True)]
+    return Cluster(wl, reps, router, seed=0, refresh_s=refresh_s)
+
+
+def test_a_block_evicted_on_one_replica_stays_held_on_the_other() -> None:
+    """Two requests with one 160-token prefix, one per replica, then a third sharing it after
+    replica 0 evicted the prefix for an unrelated long request: replica 0 holds none of it, replica
+    1 all ten blocks (capped at the prompt less one token: 10 blocks of 16 < 175)."""
+
+    class Plan(Router):
+        name = "plan"
+
+        def reset(self, n_replicas, rng):
+            super().reset(n_replicas, rng)
+            self.hits = []
+
+        def route(self, rid, view):
+            self.hits.append(view.prefix_hit(rid).tolist())
+            return [0, 1, 0, 0][rid]
+
+    pre = [((7, 160),), ((7, 160),), ((9, 256),), ((7, 160), (50, 15))]
+    wl = Workload(np.array([0.0, 0.0, 1.0, 3.0]), np.array([160, 160, 256, 175]), np.array([2, 2, 60, 2]),
+                  prefix=pre)
+    r = Plan()
+    c = _cluster(wl, r, [20 * 16, 20 * 16])  # replica 0: the third request grows to 316 tokens (20 blocks), evicting all ten
+    c.run()
+    assert r.hits == [[0, 0], [0, 0], [0, 0], [0, 160]]
+    assert c.engines[0].kv.evicted_blocks >= 10
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 50), k=st.integers(2, 5), seed=st.integers(0, 2**16),
+       router=st.sampled_from(["llm-d", "random", "sglang-cache-aware", "lor"]),
+       cap=st.sampled_from([600, 1500, 5000]), cap_minus_one=st.booleans(), mixed=st.booleans(),
+       refresh=st.sampled_from([0.0, 0.05]))
+def test_indexed_prefix_hits_equal_each_replicas_cache(n, k, seed, router, cap, cap_minus_one, mixed, refresh) -> None:
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.exponential(0.05, n).cumsum())
+    groups = rng.integers(0, 4, n)
+    heads = rng.choice([64, 200, 333], n)
+    prefix = [((int(g), int(h)), (100 + i, 16)) for i, (g, h) in enumerate(zip(groups, heads, strict=True))]
+    wl = Workload(t, heads + 16 + rng.integers(0, 40, n), rng.integers(1, 40, n), prefix=prefix)
+    sizes = [16] * k if not mixed else [16] + [32] * (k - 1)  # mixed block sizes: the per-replica walk
+    r = Checking(make_router(router))
+    c = _cluster(wl, r, [cap] * k, sizes, cap_minus_one, refresh)
+    c.run()
+    assert len(r.hits) == n
+    assert (c.block_holders() is None) == mixed
+    if not mixed:  # the index holds exactly the replicas' cached blocks at the end
+        want: dict[int, int] = {}
+        for i, e in enumerate(c.engines):
+            for h in e.kv.cached_hashes():
+                want[h] = want.get(h, 0) | (1 << i)
+        assert c.block_holders().holders == want
