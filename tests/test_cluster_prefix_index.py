@@ -107,3 +107,31 @@ def test_indexed_prefix_hits_equal_each_replicas_cache(n, k, seed, router, cap, 
             for h in e.kv.cached_hashes():
                 want[h] = want.get(h, 0) | (1 << i)
         assert c.block_holders().holders == want
+
+
+def test_the_replicas_reuse_the_hashes_the_router_computed() -> None:
+    """llm-d reads every prompt's block hashes to route it; the replica it picks takes that list
+    instead of hashing the prompt again (none of their caches computes a list), and the run is
+    the one where each replica hashes its prompts itself."""
+    from unittest import mock
+
+    from llmsched_gym.core.kv import KVCache
+
+    rng = np.random.default_rng(5)
+    n = 40
+    prefix = [((int(g), 200), (100 + i, 16)) for i, g in enumerate(rng.integers(0, 3, n))]
+    wl = Workload(np.sort(rng.exponential(0.05, n).cumsum()), 216 + rng.integers(0, 30, n), rng.integers(1, 30, n),
+                  prefix=prefix)
+    runs = []
+    for adopt in (True, False):
+        c = _cluster(wl, make_router("llm-d"), [3000] * 3)
+        if adopt:
+            c.run()
+            assert all(not e.kv._by_segments for e in c.engines)  # no replica hashed a prompt itself
+        else:
+            with mock.patch.object(KVCache, "adopt_hashes", lambda self, rid, hashes: None):
+                c.run()
+            assert any(e.kv._by_segments for e in c.engines)
+        runs.append(c)
+    assert runs[0].summary() == runs[1].summary()
+    assert runs[0].placement.tolist() == runs[1].placement.tolist()

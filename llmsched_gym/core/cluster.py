@@ -409,6 +409,7 @@ class Cluster:
         """The replica each request was routed to (-1: not routed: it arrives after the horizon)."""
         self._hashers: dict[int, KVCache] = {}
         self._holders: _BlockHolders | None = None
+        self._handover: dict[int, list[int]] = {}  # global id -> block hashes the router computed
         self.view = ClusterView(self)
         router.reset(len(self.replicas), np.random.default_rng(np.random.SeedSequence([seed, 0x0A7E])))
         self._signals = [(0, 0, 0, 0)] * len(self.replicas)
@@ -468,7 +469,7 @@ class Cluster:
             batches[self._place(rid, route(rid, view))].append(rid)
         for r, (e, b) in enumerate(zip(engines, batches, strict=True)):
             if b:
-                e.extend(self._rows[r].add(b))
+                self._give(r, b)
             e.more_from = None
             e.run()
         self.done = True
@@ -486,8 +487,10 @@ class Cluster:
         view.outstanding[r] += 1
         view.routed[r] += 1
         view.waiting_tokens[r] += int(self.workload.prompt_tokens[rid])
-        for h in self._hashers.values():  # the router has read its hashes: memory follows the live requests
-            h.forget(rid)
+        for bs, h in self._hashers.items():  # the router has read its hashes: memory follows the live requests
+            hashes = h.forget(rid)
+            if hashes is not None and bs == self.engines[r].kv.block_size:
+                self._handover[rid] = hashes  # the replica's cache will not compute them again
         return r
 
     def decisions(self) -> Generator[int, int, None]:
@@ -580,7 +583,7 @@ class Cluster:
     def _extend(self, batches: list[list[int]], until: float) -> None:
         """Give each replica the requests routed to it now and the migrated requests whose transfer
         ends before ``until`` (the next stop), in arrival order."""
-        engines, rows = self.engines, self._rows
+        engines = self.engines
         arrive: list[list[tuple[float, int, int, tuple | None]]] | None = None
         if self._inflight:
             due = [x for x in self._inflight if x[0] < until]
@@ -592,15 +595,28 @@ class Cluster:
         for r, b in enumerate(batches):
             if arrive is None or not arrive[r]:
                 if b:
-                    engines[r].extend(rows[r].add(b))
+                    self._give(r, b)
                 continue
             arr = self.workload.arrival_s
             items = sorted([(float(arr[g]), 0, g, None) for g in b] + arrive[r], key=lambda x: (x[0], x[1]))
             n0 = engines[r].n
-            engines[r].extend(rows[r].add([x[2] for x in items], [x[0] for x in items]))
+            self._give(r, [x[2] for x in items], [x[0] for x in items])
             for k, (_, _, _, moved) in enumerate(items):
                 if moved is not None:
                     engines[r].migrate_in(n0 + k, moved)
+
+    def _give(self, r: int, gids: list[int], arrivals: list[float] | None = None) -> None:
+        """Append requests ``gids`` (global ids, in arrival order) to replica ``r``'s engine, with the
+        block hashes the router computed for them."""
+        e = self.engines[r]
+        n0 = e.n
+        e.extend(self._rows[r].add(gids, arrivals))
+        hand = self._handover
+        if hand:
+            for k, g in enumerate(gids):
+                hashes = hand.pop(g, None)
+                if hashes is not None:
+                    e.kv.adopt_hashes(n0 + k, hashes)
 
     def _migrate(self, now: float) -> None:
         """One migration round (see :class:`Migration`): pair the replicas by freeness and move one

@@ -147,10 +147,15 @@ class KVCache:
             self._hashes[rid] = h
         return h
 
-    def forget(self, rid: int) -> None:
+    def forget(self, rid: int) -> list[int] | None:
         """``rid`` has ended: drop its block-hash list (memory then follows the live requests;
-        asked again, the list is recomputed, equal)."""
-        self._hashes.pop(rid, None)
+        asked again, the list is recomputed, equal). Returns the list if it was computed."""
+        return self._hashes.pop(rid, None)
+
+    def adopt_hashes(self, rid: int, hashes: list[int]) -> None:
+        """Use ``hashes``, computed elsewhere for the same prompt segments and block size (a
+        cluster's router-side index), as ``rid``'s block hashes instead of computing them again."""
+        self._hashes[rid] = hashes
 
     def match_blocks(self, rid: int) -> int:
         if not self.enabled:
