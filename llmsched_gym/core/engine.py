@@ -1080,7 +1080,7 @@ class Engine:
         n = len(rows)
         if n < 2:
             return False
-        if defer:
+        if defer and t >= self.more_from:  # it crosses the routing point (else it is what a stepped run does)
             self.pending = _Deferred(ds, kv.used_blocks, [r[0] for r in rows] + [t], [r[1] for r in rows],
                                      [r[6] // bs for r in rows], rows, None)
             return True
@@ -1114,7 +1114,7 @@ class Engine:
         if k < 2:
             return False
         d, used_after = d[:k], kv.used_blocks + grow[:k]
-        if defer:
+        if defer and clocks[k] >= self.more_from:
             cols = {"t_start": clocks[:k], "duration": d, "n_prefill_tokens": 0, "n_cached_prefix_tokens": 0,
                     "n_decode": b, "sum_context_tokens": ctx[:k], "kv_used": used_after * bs,
                     "n_waiting": len(self.waiting), "n_running": len(self.running), "n_preempted": 0}
