@@ -620,10 +620,10 @@ def _validation_setup(cfg: TrainConfig, hp: dict[str, Any], run_dir: Path, curve
 def _unchecked_distributions(off: bool) -> Iterator[None]:
     """``torch.distributions`` without its argument checks while the block runs (``off``), then
     as before. sb3-contrib's masked heads build a categorical distribution per action dimension
-    and per forward pass, twice (masking rebuilds it), each checking its logits: a fifth of the
-    CPU time of learning in ``subset`` mode (2K dimensions), 5-7% in ``select`` and ``meta``. The
-    checks change no value; a NaN in the logits still stops training at the next sample
-    (``torch.multinomial`` refuses it). The Gaussian heads (``priority``, ``knob``, ``tune``)
+    and per forward pass, twice (masking rebuilds it), each checking its logits: a fifth to a
+    third of the CPU time of learning in ``subset`` mode (2K dimensions), 5-25% in ``select`` and
+    ``meta``. The checks change no value; a NaN in the logits still stops training at the next
+    sample (``torch.multinomial`` refuses it). The Gaussian heads (``priority``, ``knob``, ``tune``)
     keep them: there a NaN would only become an invalid action."""
     import torch
 
