@@ -216,7 +216,9 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
     starting policy of the run (``..., untrained start``); a run that started from zero scores and no
     cloning (or, in the discrete modes, from the head's initialisation and no cloning) says ``neutral
     start``; a ``meta`` run names its candidates (``maskable-ppo meta over sarathi/vtc, neutral start,
-    1.2M steps``). The run folder's name when ``run.json`` is missing."""
+    1.2M steps``); a routing run says ``maskable-ppo route, prior prefix_hit=2,queued_spread=1,kv_free=1,
+300k steps`` or ``maskable-ppo route, neutral start, ...``. The run folder's name when ``run.json`` is
+missing."""
     if not meta:
         return f"{folder} (untrained start)" if start else folder
     steps = int(meta.get("timesteps") or 0)
@@ -226,6 +228,12 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
         bc = bc.get("name", "") + ":" + ",".join(f"{k}={v}" for k, v in bc.items() if k != "name")
     env_kwargs = meta.get("env_kwargs") or {}
     mode = env_kwargs.get("action_mode", "select")
+    hyper = meta.get("hyperparams") or {}
+    if meta.get("routing"):  # LLMSchedCluster-v0: the replica of each request, from a router's weights or neutral
+        prior = {k: v for k, v in (hyper.get("route_prior") or {}).items() if k != "scale" and v}
+        trained = "untrained start" if start else f"{size} steps"
+        how = "prior " + ",".join(f"{k}={v:g}" for k, v in prior.items()) if prior else "neutral start"
+        return f"{meta.get('algo', 'agent')} route, {how}, {trained}"
     if mode == "tune":  # what the agent sets at every decision
         knobs = env_kwargs.get("tune") or {"chunk_size": (), "max_num_seqs": ()}
         base = env_kwargs.get("base", "sarathi")
@@ -238,7 +246,7 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
         if env_kwargs.get("budget"):
             structure += f" budget {env_kwargs['budget']}"
     trained = "untrained start" if start else f"{size} steps"
-    bias = (meta.get("hyperparams") or {}).get("action_bias")
+    bias = hyper.get("action_bias")
     # no prior, no clone: zero scores, or a discrete head (select, subset, meta) at its initialisation
     neutral = not bc and (not np.any(np.asarray(bias, dtype=float)) if bias is not None
                           else mode in ("select", "subset", "meta"))

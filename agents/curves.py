@@ -72,6 +72,8 @@ class CurveSetup:
 
     tasks: Mapping[str, Any] = field(default_factory=dict)
     hindsight: Callable[..., Any] | None = None
+    route_hindsight: Callable[..., Any] | None = None
+    """Routing runs: the router search, same signature (``llmsched_gym.route_hindsight.route_hindsight``)."""
 
 
 def completed(summary: dict[str, Any]) -> bool:
@@ -172,15 +174,28 @@ class LearningCurve:
     def for_run(cls, run_dir: Path, scenario: str, tgt: Target, seed: int, information: str,
                 baselines: dict[str, dict], hindsight_sims: int = HINDSIGHT_SIMS,
                 family: list[dict[str, Any]] | None = None, tensorboard: bool = True,
-                hindsight: Callable[..., Any] | None = None) -> LearningCurve:
+                hindsight: Callable[..., Any] | None = None, routing: bool = False) -> LearningCurve:
         """The curve of a training run: :func:`references` on the validation workload and the best
         of ``baselines`` (``{name: summary}`` on the same workload, as ``llmsched train`` computes
-        them) by the target metric."""
-        curve = cls(run_dir, tgt, references(scenario, tgt, seed, information, hindsight_sims, family, hindsight),
-                    tensorboard=tensorboard)
+        them) by the target metric.
+
+        ``routing``: the baselines are the routers; the best static heuristic is the best of them
+        (as ``llmsched benchmark`` chooses a routing task's) and ``hindsight`` is the router search
+        (:func:`llmsched_gym.route_hindsight.route_hindsight`) from the best three."""
         sign = 1.0 if tgt.lower_is_better else -1.0
         scored = sorted((sign * v, name, v) for name, s in baselines.items()
-                        if np.isfinite(v := curve.value(s)))
+                        if completed(s) and np.isfinite(v := metric_value(s, tgt.metric)))
+        if routing:
+            refs: dict[str, Any] = {"best_static": {"name": scored[0][1], "value": scored[0][2]} if scored else None,
+                                    "hindsight": None}
+            if hindsight is not None and hindsight_sims and scored:
+                r = hindsight(scenario, tgt.overrides, seed, tgt.metric, tgt.lower_is_better,
+                              start=[x[1] for x in scored[:3]], sims=hindsight_sims)
+                value = min(r.value, scored[0][2]) if tgt.lower_is_better else max(r.value, scored[0][2])
+                refs["hindsight"] = {"value": value, "n_sims": r.n_sims, "wall_s": r.wall_s}
+        else:
+            refs = references(scenario, tgt, seed, information, hindsight_sims, family, hindsight)
+        curve = cls(run_dir, tgt, refs, tensorboard=tensorboard)
         curve.best_baseline = (scored[0][1], scored[0][2]) if scored else None
         return curve
 

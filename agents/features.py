@@ -89,3 +89,64 @@ class QueueSetExtractor(BaseFeaturesExtractor):
         if self.slot_score is not None:
             parts.append((self.slot_score(h) * occupied).flatten(1))
         return torch.cat(parts, dim=1)
+
+
+class ReplicaScorer(BaseFeaturesExtractor):
+    """Routing (``LLMSchedCluster-v0``): one learned function scores every replica.
+
+    The observation is ``N`` rows of the env's per-replica features (queued and running requests,
+    free KV, queued prompt tokens, this request's prefix hit) and then the request's features. Each
+    replica's input ``z_i`` is its row, its row spread over the replicas (``(max - x_i) / (max -
+    min)`` per feature, 1 where all are equal: llm-d's queue scorer's normalisation) and the request's
+    features. A shared MLP embeds it, ``h_i = MLP(z_i)`` (Deep Sets: Zaheer et al., NeurIPS 2017),
+    and the replica's score is
+
+        ``s_i = prior . z_i + out(h_i)``
+
+    a linear part (zero, or a router's weights: :func:`agents.heads.replica_head` with
+    ``route_prior``) plus a learned correction. The features are ``[mean_i h_i | max_i h_i | s_1 ..
+    s_N]``; :func:`agents.heads.replica_head` routes the scores straight to the action's logits,
+    so the policy is equivariant: permuting the replicas permutes its choice.
+
+    :param observation_space: the env's ``Box(N * 5 + 2)`` (colocated replicas; not pools).
+    :param hidden: sizes of the shared per-replica MLP.
+    """
+
+    ROW = 5
+    REQUEST = 2
+
+    def __init__(self, observation_space: gym.spaces.Box, hidden: tuple[int, ...] = (64, 64)) -> None:
+        dim = int(observation_space.shape[0]) if len(observation_space.shape) == 1 else -1
+        if dim < self.ROW + self.REQUEST or (dim - self.REQUEST) % self.ROW:
+            raise ValueError(f"policy_kwargs: ReplicaScorer needs LLMSchedCluster-v0's Box(N * {self.ROW} + "
+                             f"{self.REQUEST}) observation, got {observation_space}")
+        n = (dim - self.REQUEST) // self.ROW
+        d = int(hidden[-1])
+        super().__init__(observation_space, features_dim=2 * d + n)
+        self.n_replicas, self.inputs = n, 2 * self.ROW + self.REQUEST
+        self.embed = _mlp(self.inputs, list(hidden))
+        self.prior = nn.Linear(self.inputs, 1, bias=False)
+        self.out = nn.Linear(d, 1)
+        nn.init.zeros_(self.prior.weight)
+
+    def replica_inputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """``z``: (B, N, 2 * 5 + 2), each replica's row, its spread and the request's features."""
+        n, f = self.n_replicas, self.ROW
+        rows = obs[:, : n * f].reshape(-1, n, f)
+        hi, lo = rows.max(1, keepdim=True).values, rows.min(1, keepdim=True).values
+        width = hi - lo
+        spread = torch.where(width > 0, (hi - rows) / width.clamp(min=1e-12), torch.ones_like(rows))
+        req = obs[:, n * f:].unsqueeze(1).expand(-1, n, self.REQUEST)
+        return torch.cat([rows, spread, req], dim=2)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        z = self.replica_inputs(obs)
+        h = self.embed(z)
+        score = (self.prior(z) + self.out(h)).squeeze(-1)
+        return torch.cat([h.mean(1), h.max(1).values, score], dim=1)
+
+
+PRIOR_INPUTS = ("queued", "running", "kv_free", "queued_tokens", "prefix_hit",
+                "queued_spread", "running_spread", "kv_free_spread", "queued_tokens_spread", "prefix_hit_spread",
+                "prompt", "output")
+"""The names of :class:`ReplicaScorer`'s inputs ``z_i``, in order (the keys of ``route_prior``)."""

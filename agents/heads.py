@@ -52,4 +52,60 @@ def slot_score_head(model: Any) -> None:
         ext.slot_score.bias.zero_()
 
 
-__all__ = ["slot_score_head"]
+def replica_head(model: Any, prior: dict[str, float] | None = None) -> None:
+    """Routing: each replica's score (:class:`~agents.features.ReplicaScorer`) is its action logit.
+
+    The action layer is set to route the extractor's last ``N`` features (the scores) one to one to
+    the ``N`` logits and frozen there (:func:`freeze_replica_head`), so the policy stays
+    equivariant while it learns: permuting the replicas permutes its choice. With ``prior`` (``route_prior`` in a recipe: weights
+    by the names of :data:`agents.features.PRIOR_INPUTS`, and ``scale``, a factor on all of them,
+    default 1) the scores' linear part starts at those weights and the learned correction at zero,
+    so the untrained policy ranks replicas by the weighted score, a router: ``{prefix_hit: 2,
+    queued_spread: 1, kv_free: 1}`` is llm-d's default scorer pipeline (Kubernetes Gateway API
+    Inference Extension, 2025: "precise-prefix-cache 2, queue-depth 1, kv-utilization 1") on the
+    env's features. Without it the linear part is zero and the correction at its random
+    initialisation: a neutral start.
+
+    :raises ValueError: (one line) not a :class:`ReplicaScorer` policy with ``net_arch: {pi: [],
+        ...}``, or an unknown prior input.
+    """
+    import torch
+
+    from agents.features import PRIOR_INPUTS, ReplicaScorer
+
+    policy = model.policy
+    ext = policy.features_extractor
+    if not isinstance(ext, ReplicaScorer):
+        raise ValueError(f"route_prior: needs the ReplicaScorer features extractor, got {type(ext).__name__}")
+    n = ext.n_replicas
+    if policy.mlp_extractor.latent_dim_pi != ext.features_dim or policy.action_net.out_features != n:
+        raise ValueError(f"policy_kwargs.net_arch: a routing policy needs {{pi: [], vf: [...]}} (the action layer "
+                         f"must see the {n} replica scores, not a hidden layer of {policy.mlp_extractor.latent_dim_pi})")
+    prior = dict(prior or {})
+    scale = float(prior.pop("scale", 1.0))
+    unknown = [k for k in prior if k not in PRIOR_INPUTS]
+    if unknown:
+        raise ValueError(f"route_prior.{unknown[0]}: unknown input; allowed: scale, {', '.join(PRIOR_INPUTS)}")
+    offset = ext.features_dim - n
+    with torch.no_grad():
+        w = policy.action_net.weight
+        w.zero_()
+        w[torch.arange(n), offset + torch.arange(n)] = 1.0
+        policy.action_net.bias.zero_()
+        ext.prior.weight.zero_()
+        if prior:
+            for k, v in prior.items():
+                ext.prior.weight[0, PRIOR_INPUTS.index(k)] = scale * float(v)
+            ext.out.weight.zero_()
+            ext.out.bias.zero_()
+    freeze_replica_head(model)
+
+
+def freeze_replica_head(model: Any) -> None:
+    """Keep a routing policy's action layer (the scores' one-to-one routing) out of training; a
+    resumed run calls it again (the flag is not saved with the weights)."""
+    for p in model.policy.action_net.parameters():
+        p.requires_grad_(False)
+
+
+__all__ = ["freeze_replica_head", "replica_head", "slot_score_head"]

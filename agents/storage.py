@@ -136,9 +136,9 @@ def _classes() -> dict[str, Any]:
     """The classes an agent file may name (nothing else can be instantiated from a file)."""
     from torch import nn
 
-    from agents.features import QueueSetExtractor
+    from agents.features import QueueSetExtractor, ReplicaScorer
 
-    return {"QueueSetExtractor": QueueSetExtractor, "ReLU": nn.ReLU, "Tanh": nn.Tanh, "ELU": nn.ELU,
+    return {"QueueSetExtractor": QueueSetExtractor, "ReplicaScorer": ReplicaScorer, "ReLU": nn.ReLU, "Tanh": nn.Tanh, "ELU": nn.ELU,
             "LeakyReLU": nn.LeakyReLU, "GELU": nn.GELU, "SiLU": nn.SiLU}
 
 
@@ -179,7 +179,8 @@ def _rms(r: Any) -> dict[str, Any]:
 
 def vecnormalize_stats(vn: Any) -> dict[str, Any]:
     """The statistics and settings of a ``VecNormalize`` as JSON."""
-    obs = {k: _rms(r) for k, r in vn.obs_rms.items()} if isinstance(vn.obs_rms, dict) else _rms(vn.obs_rms)
+    rms = vn.__dict__.get("obs_rms")  # absent when the observations are not normalised
+    obs = None if rms is None else {k: _rms(r) for k, r in rms.items()} if isinstance(rms, dict) else _rms(rms)
     return {"norm_obs": bool(vn.norm_obs), "norm_reward": bool(vn.norm_reward), "clip_obs": float(vn.clip_obs),
             "clip_reward": float(vn.clip_reward), "gamma": float(vn.gamma), "epsilon": float(vn.epsilon),
             "norm_obs_keys": list(vn.norm_obs_keys) if vn.norm_obs_keys is not None else None,
@@ -202,7 +203,7 @@ def restore_vecnormalize(stats: dict[str, Any], venv: Any, training: bool) -> An
                                      f"shape {np.shape(r.mean)}")
             r.mean, r.var, r.count = mean, var, float(d["count"])
 
-        if isinstance(vn.obs_rms, dict):
+        if isinstance(vn.__dict__.get("obs_rms"), dict):
             for k, r in vn.obs_rms.items():
                 fill(r, stats["obs_rms"][k])
         elif stats["norm_obs"]:

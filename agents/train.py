@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from agents.agent import Agent, load_agent, run_episode
-from agents.envs import make_env
+from agents.envs import is_routing, make_env
 from agents.storage import (
     AgentFileError,
     algo_class,
@@ -143,15 +143,24 @@ def default_algo(action_mode: str) -> str:
     return "ppo" if action_mode in ("priority", "knob", "tune") else "maskable-ppo"
 
 
-def hyperparams_path(algo: str, path: str | None = None) -> Path:
-    """The hyperparameter file: ``path`` (``--hyperparams``), else ``agents/hyperparams/ALGO.yml``."""
-    return Path(path) if path else HYPERPARAMS_DIR / f"{algo.replace('-', '_')}.yml"
+ROUTING_FILE = "routing.yml"
+"""The hyperparameter file of routing scenarios (``LLMSchedCluster-v0``) when no ``--hyperparams`` is given."""
+SCHEDULING_ENV_KEYS = ("action_mode", "admission", "K", "order")
+"""``llmsched train``'s ``LLMSched-v1`` settings, which a routing scenario's env does not take."""
 
 
-def load_hyperparams(scenario: str, algo: str, path: str | None = None) -> dict[str, Any]:
+def hyperparams_path(algo: str, path: str | None = None, routing: bool = False) -> Path:
+    """The hyperparameter file: ``path`` (``--hyperparams``), else ``agents/hyperparams/ALGO.yml``
+    (``routing.yml`` for a routing scenario)."""
+    if path:
+        return Path(path)
+    return HYPERPARAMS_DIR / (ROUTING_FILE if routing else f"{algo.replace('-', '_')}.yml")
+
+
+def load_hyperparams(scenario: str, algo: str, path: str | None = None, routing: bool = False) -> dict[str, Any]:
     """The ``default`` entry of the algorithm's YAML with the scenario's entry merged over it; every
     entry is checked against :data:`llmsched_gym.config.HYPERPARAMS` (one-line ConfigError)."""
-    p = hyperparams_path(algo, path)
+    p = hyperparams_path(algo, path, routing)
     table = load_yaml(p, "hyperparams")
     if table is None:
         table = {}
@@ -164,16 +173,30 @@ def load_hyperparams(scenario: str, algo: str, path: str | None = None) -> dict[
 
 
 def resolve(cfg: TrainConfig) -> dict[str, Any]:
-    """The effective hyperparameters: file entry, then the command line's values."""
+    """The effective hyperparameters: file entry, then the command line's values. A routing
+    scenario (:func:`agents.envs.is_routing`) trains MaskablePPO on ``LLMSchedCluster-v0`` from
+    ``routing.yml`` (``hp["routing"]`` is then True)."""
+    routing = is_routing(cfg.scenario, cfg.overrides)
     mode = cfg.env_kwargs.get("action_mode")
-    algo = cfg.algo or default_algo(mode or "select")
-    hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file)
-    mode = mode or hp.get("env_kwargs", {}).get("action_mode", "select")
-    if cfg.algo is None and default_algo(mode) != algo:  # the file's mode decides when none was given
-        algo = default_algo(mode)
+    if routing:
+        given = [k for k in SCHEDULING_ENV_KEYS if cfg.env_kwargs.get(k) is not None]
+        if given:
+            raise ConfigError(f"{given[0]}: {cfg.scenario} declares a cluster, so its agent routes (LLMSchedCluster-v0: "
+                              "the action is the replica of each request); drop --" + given[0].replace("_", "-"))
+        if cfg.algo not in (None, "maskable-ppo"):
+            raise ConfigError(f"algo: a routing agent is trained with maskable-ppo (its action mask: the replicas "
+                              f"that can take the request), got {cfg.algo!r}")
+        algo = "maskable-ppo"
+        hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file, routing=True)
+    else:
+        algo = cfg.algo or default_algo(mode or "select")
         hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file)
-    if algo == "maskable-ppo" and mode not in ("select", "subset", "meta"):
-        raise ConfigError(f"algo: maskable-ppo needs action_mode select, subset or meta, got {mode!r} (use --algo ppo)")
+        mode = mode or hp.get("env_kwargs", {}).get("action_mode", "select")
+        if cfg.algo is None and default_algo(mode) != algo:  # the file's mode decides when none was given
+            algo = default_algo(mode)
+            hp = load_hyperparams(cfg.scenario, algo, cfg.hyperparams_file)
+        if algo == "maskable-ppo" and mode not in ("select", "subset", "meta"):
+            raise ConfigError(f"algo: maskable-ppo needs action_mode select, subset or meta, got {mode!r} (use --algo ppo)")
     # programmatic values may be strings, as on the command line (--hp learning_rate=3e-5)
     over = {k: parse_value(v) if isinstance(v, str) else v for k, v in cfg.hyperparams.items()}
     hp = check_hyperparams(_merge(hp, over))
@@ -187,8 +210,14 @@ def resolve(cfg: TrainConfig) -> dict[str, Any]:
         hp["validation_requests"] = HYPERPARAMS["validation_requests"].check("--validation-requests",
                                                                             cfg.validation_requests)
     hp["algo"] = algo
+    hp["routing"] = routing
     bc = dict(hp.pop("bc", None) or {})
     source = parse_policy_spec(cfg.bc_from if cfg.bc_from is not None else bc.get("from"))
+    if routing and source is not None:
+        raise ConfigError("bc.from: behaviour cloning clones LLMSched-v1's scheduling policies; a routing agent "
+                          "starts from its recipe's route_prior (a router's weights) or from neutral")
+    if not routing and "route_prior" in hp:
+        raise ConfigError(f"route_prior: only for routing scenarios (a declared cluster); {cfg.scenario} has one engine")
     episodes = cfg.bc_episodes if cfg.bc_episodes is not None else bc.get("episodes", 4)
     epochs = cfg.bc_epochs if cfg.bc_epochs is not None else bc.get("epochs", 10)
     hp["bc"] = {"from": source, "episodes": BEHAVIOUR_CLONING["episodes"].check("--bc-episodes", episodes),
@@ -206,7 +235,7 @@ def recipe(cfg: TrainConfig, hp: dict[str, Any]) -> dict[str, Any]:
     which sb3-contrib cannot mask, MaskablePPO otherwise); the action mode is ``--action-mode``, else
     ``maskable_ppo.yml``'s entry, and when that entry names a PPO mode, ``ppo.yml``'s entry applies.
     """
-    path = hyperparams_path(hp["algo"], cfg.hyperparams_file)
+    path = hyperparams_path(hp["algo"], cfg.hyperparams_file, hp.get("routing", False))
     table = load_yaml(path, "hyperparams") or {}
     entry = cfg.scenario if cfg.scenario in table else "default"
     try:
@@ -218,9 +247,10 @@ def recipe(cfg: TrainConfig, hp: dict[str, Any]) -> dict[str, Any]:
     teacher = hp["bc"]["from"]
     return {
         "file": shown, "entry": entry, "algo": hp["algo"],
-        "algo_from": "--algo" if cfg.algo else "the action mode",
-        "action_mode": env.get("action_mode", "select"),
-        "action_mode_from": "--action-mode" if cfg.env_kwargs.get("action_mode") else
+        "algo_from": "--algo" if cfg.algo else "routing" if hp.get("routing") else "the action mode",
+        "action_mode": "route" if hp.get("routing") else env.get("action_mode", "select"),
+        "action_mode_from": "the scenario's cluster" if hp.get("routing") else
+                            "--action-mode" if cfg.env_kwargs.get("action_mode") else
                             f"the file's {entry if 'action_mode' in own_env else 'default'} entry",
         "timesteps": int(hp["n_timesteps"]), "n_envs": int(hp.get("n_envs", 1)),
         "bc_from": teacher if teacher is None or isinstance(teacher, str) else dict(teacher),
@@ -421,6 +451,15 @@ def validation_baselines(scenario: str, overrides: dict[str, Any]) -> dict[str, 
     return {r.policy: r.summary for r in records}
 
 
+def route_baselines(scenario: str, overrides: dict[str, Any]) -> dict[str, dict]:
+    """Routing: the summaries of every router (:data:`baselines.routers.ROUTERS`, each at its
+    defaults) in front of the scenario's cluster on the validation workload (seed 99)."""
+    from baselines.routers import ROUTERS
+    from llmsched_gym.cluster_sim import simulate_cluster
+
+    return {r: simulate_cluster(scenario, router=r, seed=VALIDATION_SEED, overrides=overrides).summary for r in ROUTERS}
+
+
 def workload_line(scenario: str | dict, overrides: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """What the training workloads are on this machine: the line ``llmsched train`` prints, and
     ``run.json``'s ``workload`` (``title``, ``workload_source``, ``synthetic``). When the scenario's
@@ -429,7 +468,8 @@ def workload_line(scenario: str | dict, overrides: dict[str, Any]) -> tuple[str,
     from llmsched_gym.data import synthetic_note
     from llmsched_gym.sim import what_runs
 
-    w = what_runs(scenario, overrides)
+    # a cluster's replicas run the scenario's engine on its requests: describe those
+    w = what_runs(scenario, {**overrides, "cluster": {}} if is_routing(scenario, overrides) else overrides)
     src = w["workload_source"]
     synthetic = src.get("kind") == "synthetic"
     line = f"workload: {w['title']}"
@@ -459,7 +499,8 @@ def _training_envs(cfg: TrainConfig, hp: dict[str, Any], n_envs: int, base: int)
 
         return input_baseline_setup(hp["input_baseline"], cfg.vec, cfg.scenario, hp["env_kwargs"], n_envs, base,
                                     hp["algo"] == "maskable-ppo")
-    return training_venv(cfg.vec, cfg.scenario, hp["env_kwargs"], n_envs, base), {}
+    vec = "dummy" if hp.get("routing") and cfg.vec == "native" else cfg.vec  # the native vector env is LLMSched-v1's
+    return training_venv(vec, cfg.scenario, hp["env_kwargs"], n_envs, base), {}
 
 
 def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path,
@@ -492,17 +533,35 @@ def _model(cfg: TrainConfig, hp: dict[str, Any], venv: Any, run_dir: Path,
         stats = saved.get("vecnormalize")
         venv = (restore_vecnormalize(stats, venv, training=True) if stats
                 else VecNormalize(venv, gamma=gamma, **norm_kw))
-        return build_model(saved, tensors, env=venv, hyperparams=ppo_kw, tensorboard_log=str(run_dir / "tb")), venv
+        model = build_model(saved, tensors, env=venv, hyperparams=ppo_kw, tensorboard_log=str(run_dir / "tb"))
+        if hp.get("routing"):
+            from agents.heads import freeze_replica_head
+
+            freeze_replica_head(model)
+        return model, venv
     venv = VecNormalize(venv, gamma=gamma, **norm_kw)
     pk = dict(hp.get("policy_kwargs") or {})
+    if hp.get("routing"):  # one function scores every replica (agents/features.py ReplicaScorer)
+        from agents.features import ReplicaScorer
+
+        extractor, keys = ReplicaScorer, ("hidden",)
+    else:
+        extractor, keys = QueueSetExtractor, ("slot_hidden", "context_hidden", "slot_out")
     policy_kwargs = with_optimizer({
-        "features_extractor_class": QueueSetExtractor,
+        "features_extractor_class": extractor,
         "features_extractor_kwargs": {k: tuple(pk.pop(k)) if isinstance(pk.get(k), list) else pk.pop(k)
-                                      for k in ("slot_hidden", "context_hidden", "slot_out") if k in pk},
+                                      for k in keys if k in pk},
         **pk,
     })
     model = cls(hp.get("policy", "MultiInputPolicy"), venv, seed=cfg.seed, device="cpu", verbose=0,
                 tensorboard_log=str(run_dir / "tb"), policy_kwargs=policy_kwargs, **ppo_kw)
+    if hp.get("routing"):
+        from agents.heads import replica_head
+
+        try:
+            replica_head(model, hp.get("route_prior"))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     if "action_bias" in hp:
         set_action_bias(model, hp["action_bias"])
     if hp.get("slot_head"):
@@ -590,7 +649,8 @@ def _start_meta(cfg: TrainConfig, hp: dict[str, Any], chosen: Any, name: str, n_
         "hyperparams": hp, "env_kwargs": env_kwargs, "overrides": env_kwargs.get("overrides", {}),
         "seeds": {"model": cfg.seed, "train_workloads": f"{base} + rank + n_envs * episode",
                   "validation_workload": VALIDATION_SEED, "bc_workloads": f"{base + 500}.." if bc else None},
-        "n_envs": n_envs, "vec": cfg.vec, "bc": bc, "status": "training",
+        "n_envs": n_envs, "vec": "dummy" if hp.get("routing") and cfg.vec == "native" else cfg.vec, "bc": bc,
+        "routing": bool(hp.get("routing")), "status": "training",
     }
 
 
@@ -608,11 +668,14 @@ def _validation_setup(cfg: TrainConfig, hp: dict[str, Any], run_dir: Path, curve
     curves = curves or CurveSetup()
     tgt = target(hp.get("task"), val_over, curves.tasks)  # a recipe's benchmark task: its metric and workload
     val_over = tgt.overrides
-    baselines = validation_baselines(cfg.scenario, val_over) if cfg.score_every else {}
+    routing = bool(hp.get("routing"))
+    baselines = ((route_baselines if routing else validation_baselines)(cfg.scenario, val_over)
+                 if cfg.score_every else {})
     val_env = make_env(cfg.scenario, {**env_kwargs, "overrides": val_over})
     curve = LearningCurve.for_run(run_dir, cfg.scenario, tgt, VALIDATION_SEED, val_env.unwrapped.information, baselines,
                                   (hp.get("curves") or {}).get("hindsight_sims", HINDSIGHT_SIMS),
-                                  hindsight=curves.hindsight) if cfg.score_every else None
+                                  hindsight=curves.route_hindsight if routing else curves.hindsight,
+                                  routing=routing) if cfg.score_every else None
     return baselines, val_env, curve, tgt
 
 

@@ -372,6 +372,7 @@ HYPERPARAMS: dict[str, Setting] = {
     "curves": Setting("dict"),
     "input_baseline": Setting("dict"),
     "slot_head": Setting("bool"),  # one learned function scores every slot (agents/heads.py)
+    "route_prior": Setting("dict"),  # routing: the replica scores' starting weights (agents/heads.py replica_head)
 }
 LINEAR_SCHEDULE_KEYS = ("learning_rate", "clip_range")
 """Hyperparameters that may also be ``lin_START``: a linear decay from START to 0 (rl-zoo's notation)."""

@@ -70,8 +70,9 @@ def curve_setup() -> Any:
     from agents.curves import CurveSetup
     from llmsched_gym.benchmark import TASKS
     from llmsched_gym.hindsight import hindsight
+    from llmsched_gym.route_hindsight import route_hindsight
 
-    return CurveSetup(tasks={t.name: t for t in TASKS}, hindsight=hindsight)
+    return CurveSetup(tasks={t.name: t for t in TASKS}, hindsight=hindsight, route_hindsight=route_hindsight)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

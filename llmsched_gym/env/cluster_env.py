@@ -14,12 +14,15 @@ request of a cluster (:mod:`llmsched_gym.core.cluster`); the replicas run their 
   this request's prompt its prefix cache holds now; then this request's prompt tokens / the largest
   KV capacity and its predicted output / 1024 (0 when the information model hides it). Load
   signals are the cluster's (``refresh_s``: exact at 0, else snapshots).
+* **End**: the last step's ``info["summary"]`` is the cluster summary (:meth:`summary`, the
+  ``serving`` block as ``simulate_cluster``'s), what training and evaluation read.
 * **Reward**: the ``latency`` component of ``LLMSched-v1``: minus the request-seconds spent in the
   system since the previous decision (requests arrived by then and not yet completed or rejected),
   so an episode's rewards sum to minus the summary's ``total_latency_s`` when every request
   completes (the last step adds the time of requests left unfinished).
 * **Experts**: :meth:`expert_action` is the attached router's choice for the current request
-  (``expert=``, any name of :data:`baselines.routers.ROUTERS`). Following it at every step
+  (``expert=``, any name of :data:`baselines.routers.ROUTERS`; by default the scenario's
+  ``cluster.router``). Following it at every step
   reproduces ``simulate_cluster`` with that router exactly (same seed: the router is the cluster's
   own, with its own seeded stream). The router's state (a round-robin counter, prefix trees) is
   built from its own choices, so after the agent departs from it the expert is approximate.
@@ -70,10 +73,12 @@ class LLMSchedClusterEnv(gym.Env):
     """The routing env (see the module docstring).
 
     :param scenario: a scenario name, ``.yml`` file or dict (as ``LLMSched-v1``).
-    :param n_replicas: N (default 8; with pools, their total).
+    :param n_replicas: N (default: the scenario's ``cluster.n_replicas``, else 8; with pools, their total).
     :param policy: the replicas' scheduler (default: the scenario's).
-    :param expert: the router :meth:`expert_action` follows.
-    :param refresh_s: load-signal refresh interval (0 = exact).
+    :param expert: the router :meth:`expert_action` follows (default: the scenario's
+        ``cluster.router`` with its parameters, else round-robin).
+    :param refresh_s: load-signal refresh interval (0 = exact; default: the scenario's
+        ``cluster.refresh_s``, else :data:`~llmsched_gym.core.cluster.DEFAULT_REFRESH_S`).
     :param overrides: dotted scenario overrides.
     :param router_params: the expert router's parameters.
     :param pools: disaggregated serving: the pools (see the module docstring).
@@ -84,13 +89,31 @@ class LLMSchedClusterEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, scenario: str | dict = "mooncake-conv", n_replicas: int | None = None, policy: str | dict | None = None,
-                 expert: str = "round-robin", refresh_s: float = DEFAULT_REFRESH_S,
+                 expert: str | None = None, refresh_s: float | None = None,
                  overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
                  pools: dict[str, dict[str, Any]] | None = None, transfer: dict[str, Any] | None = None,
                  decider: str | dict[str, Any] = "always") -> None:
         from baselines.route_pair import PAIR_ROUTERS
         from baselines.routers import ROUTERS
+        from llmsched_gym.cluster_sim import cluster_settings
+        from llmsched_gym.core.scenarios import resolve_scenario
 
+        spec = resolve_scenario(scenario, overrides)
+        self.information = information_of(spec)
+        """What the observation tells of output lengths (``clairvoyant``, ``predicted``, ``blind``)."""
+        if pools is None:  # the scenario's cluster section fills what the arguments leave open
+            declared = spec.get("cluster") or {}
+            if isinstance(expert, str) and expert not in ROUTERS:
+                raise ConfigError(f"expert: unknown router {expert!r}; allowed: {', '.join(ROUTERS)}")
+            if n_replicas is not None and (not isinstance(n_replicas, int) or isinstance(n_replicas, bool)
+                                           or not 1 <= n_replicas <= 4096):
+                raise ConfigError(f"n_replicas: expected an integer in 1..4096, got {n_replicas!r}")
+            n_given = n_replicas if n_replicas is not None else declared.get("n_replicas", 8)
+            c = cluster_settings(spec, expert, n_given, router_params, refresh_s)
+            n_replicas, refresh_s = c["n_replicas"], c["refresh_s"]
+            expert, router_params = c["router"], c["router_params"] or router_params
+        expert = "round-robin" if expert is None else expert
+        refresh_s = DEFAULT_REFRESH_S if refresh_s is None else refresh_s
         allowed = list(ROUTERS) + (list(PAIR_ROUTERS) if pools is not None else [])
         if expert not in allowed:
             raise ConfigError(f"expert: unknown router {expert!r}; allowed: {', '.join(allowed)}")
@@ -240,8 +263,11 @@ class LLMSchedClusterEnv(gym.Env):
         return m.reshape(-1)
 
     def _info(self) -> dict[str, Any]:
-        return {"action_mask": self.action_masks(), "request": self._rid, "done": self._rid < 0,
+        info = {"action_mask": self.action_masks(), "request": self._rid, "done": self._rid < 0,
                 "now": self.cluster.view.now}
+        if self._rid < 0:  # the episode's end: its cluster summary (as LLMSched-v1's last info)
+            info["summary"] = self.summary()
+        return info
 
     def expert_action(self, strict: bool = True) -> int:
         """The attached router's replica for the current request (asked once per request).
