@@ -73,7 +73,7 @@ candidates: the static family's best ``HINDSIGHT_START`` members on the validati
 true lengths. About 20 s per 1000-request workload on one core."""
 QUICK_HINDSIGHT_SIMS = 12
 HINDSIGHT_START = 3
-ROUTE_HINDSIGHT_SIMS = 40
+ROUTE_HINDSIGHT_SIMS = 24
 """Search runs per test workload of a routing task's hindsight search (cluster simulations, 1-3 s
 each: :func:`llmsched_gym.route_hindsight.route_hindsight`), after its starting candidates, the
 ``HINDSIGHT_START`` best routers on the validation seed (``--quick``: 8)."""

@@ -55,7 +55,8 @@ PACKAGES = ("llmsched_gym", "agents", "baselines")
 LAYERS: list[tuple[int, str, tuple[str, ...]]] = [
     (6, "cli", ("llmsched_gym/cli/", "llmsched_gym/cli.py")),
     (5, "apps", ("llmsched_gym/demo.py", "llmsched_gym/benchmark.py", "llmsched_gym/bench.py",
-                 "llmsched_gym/fidelity.py", "llmsched_gym/hindsight.py", "llmsched_gym/reproduce/",
+                 "llmsched_gym/fidelity.py", "llmsched_gym/hindsight.py", "llmsched_gym/route_hindsight.py",
+                 "llmsched_gym/reproduce/",
                  "llmsched_gym/goodput.py", "llmsched_gym/placement.py", "llmsched_gym/__init__.py")),
     (4, "env, agents", ("llmsched_gym/env/", "agents/")),
     (3, "sim", ("llmsched_gym/sim.py", "llmsched_gym/cluster_sim.py", "llmsched_gym/parallel.py")),
