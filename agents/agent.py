@@ -215,7 +215,7 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
     bc: sarathi, 41k steps``, ``ppo tune: sarathi chunk_size, 60k steps``; ``start`` names the untrained
     starting policy of the run (``..., untrained start``); a run that started from zero scores and no
     cloning (or, in the discrete modes, from the head's initialisation and no cloning) says ``neutral
-    start``; a ``meta`` run names its candidates (``maskable-ppo meta over sarathi/vtc, neutral start,
+    start``, except in ``tune`` and ``knob`` modes, whose zero action runs the recipe's base policy; a ``meta`` run names its candidates (``maskable-ppo meta over sarathi/vtc, neutral start,
     1.2M steps``); a routing run says ``maskable-ppo route, prior prefix_hit=2,queued_spread=1,kv_free=1,
 300k steps`` or ``maskable-ppo route, neutral start, ...``. The run folder's name when ``run.json`` is
 missing."""
@@ -247,9 +247,10 @@ missing."""
             structure += f" budget {env_kwargs['budget']}"
     trained = "untrained start" if start else f"{size} steps"
     bias = hyper.get("action_bias")
-    # no prior, no clone: zero scores, or a discrete head (select, subset, meta) at its initialisation
-    neutral = not bc and (not np.any(np.asarray(bias, dtype=float)) if bias is not None
-                          else mode in ("select", "subset", "meta"))
+    # no prior, no clone: zero scores, or a discrete head (select, subset, meta) at its initialisation;
+    # never tune or knob, whose zero action runs their base policy (a structure chosen by the recipe)
+    neutral = not bc and mode not in ("tune", "knob") and (
+        not np.any(np.asarray(bias, dtype=float)) if bias is not None else mode in ("select", "subset", "meta"))
     parts = [structure, f"bc: {bc}" if bc else "", "neutral start" if neutral else "", trained]
     return f"{meta.get('algo', 'agent')} " + ", ".join(p for p in parts if p)
 

@@ -113,6 +113,9 @@ def test_a_neutral_start_is_named_so_in_the_benchmark_rows():
     meta = {"algo": "maskable-ppo", "timesteps": 2_000, "hyperparams": {},
             "env_kwargs": {"action_mode": "meta", "candidates": ["sarathi", {"name": "vtc"}]}}
     assert describe_run(meta, "x") == "maskable-ppo meta over sarathi/vtc, neutral start, 2k steps"
+    tune = {"algo": "ppo", "timesteps": 1000, "hyperparams": {"action_bias": 0.0},
+            "env_kwargs": {"action_mode": "tune", "base": {"name": "static"}, "tune": {"max_num_seqs": [16, 256]}}}
+    assert describe_run(tune, "x") == "ppo tune: static max_num_seqs, 1k steps"  # zero action = its base: not neutral
     assert "neutral" not in describe_run({**meta, "bc": {"policy": "vtc"}}, "x")
     assert "neutral" not in describe_run({**neutral, "hyperparams": {}}, "x")  # a Box head at random: no claim
 
