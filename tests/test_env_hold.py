@@ -85,3 +85,19 @@ def test_meta_mode_holds_its_candidate():
 def test_decide_every_s_errors_are_one_line(kwargs, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(") + "$"):
         LLMSchedEnv("azure-conv", **{"decide_every_s": 1.0, **kwargs})
+
+
+def test_the_azure_conv_tune_recipe_starts_exactly_at_the_best_static_heuristic():
+    # agents/hyperparams/azure_conv_tune.yml: action_bias [0, 0] is prompt weight 1.0 (order total) and
+    # budget 256, i.e. static:order=total,chunk_size=256,max_num_seqs=256 on every workload
+    from pathlib import Path
+
+    import yaml
+
+    entry = yaml.safe_load((Path(__file__).parents[1] / "agents/hyperparams/azure_conv_tune.yml").read_text())["azure-conv"]
+    kw = {k: v for k, v in entry["env_kwargs"].items() if k not in ("overrides", "reward")}
+    env = LLMSchedEnv("azure-conv", overrides={"workload.n_requests": 150}, **kw)
+    summary, _ = play(env, 2, np.asarray(entry["action_bias"], np.float32))
+    assert (env.base.prompt_weight, env.base.chunk_size) == (1.0, 256)
+    ref = {"name": "static", "order": "total", "chunk_size": 256, "max_num_seqs": 256}
+    same(summary, simulate("azure-conv", ref, 2, {"workload.n_requests": 150}).summary)
