@@ -45,6 +45,7 @@ and the load imbalance (max over mean of the requests routed, and of the busy ti
 from __future__ import annotations
 
 import bisect
+import gc
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ from llmsched_gym.core.records import request_table
 from llmsched_gym.core.request import Workload
 from llmsched_gym.core.scheduler import Scheduler
 from llmsched_gym.core.transfer import GB
+
+GC_THRESHOLD0 = 50_000
+"""The youngest generation's collection threshold during :meth:`Cluster.run` (Python's default: 700)."""
 
 DEFAULT_REFRESH_S = 0.1
 """Load-signal refresh interval of the stale mode (vLLM publishes its metrics every 100 ms; BLIS
@@ -444,17 +448,27 @@ class Cluster:
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
-        """Route every arrival with the router and run every replica to the end."""
-        if not getattr(self.router, "reads_load", True) and len(self.engines) > 1 and self.migration is None:
-            self._run_blind()
-            return
-        steps, route, view = self.decisions(), self.router.route, self.view
+        """Route every arrival with the router and run every replica to the end.
+
+        Python's cyclic garbage collector runs its youngest generation every 50,000 net
+        allocations instead of 700 meanwhile (restored after): results are the same, peak memory
+        was the same (64 replicas x 1,000 requests: 581 MB), and the default thresholds cost a
+        fifth of the CPU time there (about 390 vs 310 us a request)."""
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])
         try:
-            rid = next(steps)
-            while True:
-                rid = steps.send(route(rid, view))
-        except StopIteration:
-            pass
+            if not getattr(self.router, "reads_load", True) and len(self.engines) > 1 and self.migration is None:
+                self._run_blind()
+                return
+            steps, route, view = self.decisions(), self.router.route, self.view
+            try:
+                rid = next(steps)
+                while True:
+                    rid = steps.send(route(rid, view))
+            except StopIteration:
+                pass
+        finally:
+            gc.set_threshold(*thresholds)
 
     def _run_blind(self) -> None:
         """A load-blind router's run: every request (up to the horizon) routed in arrival order,
