@@ -45,11 +45,19 @@ def slot_score_head(model: Any) -> None:
                          f"see the features: {ext.features_dim}, not a hidden layer of {latent})")
     offset = ext.features_dim - k  # the per-slot scores are the features' last K numbers
     with torch.no_grad():
-        w = policy.action_net.weight
-        w.zero_()
-        w[torch.arange(k), offset + torch.arange(k)] = 1.0
+        _scores_to_logits(policy.action_net, k, offset)
         ext.slot_score.weight.zero_()
         ext.slot_score.bias.zero_()
+
+
+def _scores_to_logits(action_net: Any, k: int, offset: int) -> None:
+    """Set the action layer's weights so that output ``i`` is input ``offset + i`` (call under
+    ``torch.no_grad()``; the bias is left as it is)."""
+    import torch
+
+    w = action_net.weight
+    w.zero_()
+    w[torch.arange(k), offset + torch.arange(k)] = 1.0
 
 
 def replica_head(model: Any, prior: dict[str, float] | None = None) -> None:
@@ -88,9 +96,7 @@ def replica_head(model: Any, prior: dict[str, float] | None = None) -> None:
         raise ValueError(f"route_prior.{unknown[0]}: unknown input; allowed: scale, {', '.join(PRIOR_INPUTS)}")
     offset = ext.features_dim - n
     with torch.no_grad():
-        w = policy.action_net.weight
-        w.zero_()
-        w[torch.arange(n), offset + torch.arange(n)] = 1.0
+        _scores_to_logits(policy.action_net, n, offset)
         policy.action_net.bias.zero_()
         ext.prior.weight.zero_()
         if prior:
