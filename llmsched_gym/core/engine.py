@@ -648,8 +648,9 @@ class Engine:
         # requests admitted now prefill first, so the decode set is fixed before admission
         dec = (ds.ids if not plan.pause else self._unpaused(ds, plan.pause)) if plan.decode else _EMPTY
         if admitted:
-            swap_s += self._admit(admitted)
-            if swap_s:  # swapped-in requests resume decoding; their chunk entry is dropped
+            s, resumed = self._admit(admitted)
+            swap_s += s
+            if resumed:  # swapped-in requests resume decoding; their chunk entry is dropped
                 prefill, dec = self._resume_swapped(prefill, dec, plan.decode)
         lockstep = dec is ds.ids or not len(dec)
         if (plan.hold and lockstep and len(dec) and not prefill and not n_preempted and not swap_s
@@ -838,12 +839,14 @@ class Engine:
         c.n_iterations += 1
 
     # ---- request transitions ------------------------------------------------------------------
-    def _admit(self, ids: list[int]) -> float:
-        """Move ``ids`` from the queue to the running set; returns swap-in seconds."""
+    def _admit(self, ids: list[int]) -> tuple[float, bool]:
+        """Move ``ids`` from the queue to the running set; returns swap-in seconds and whether a
+        swapped-in request resumes decoding (then the decode set is rebuilt; a swap-in can cost
+        0 s, so the seconds do not tell)."""
         kv, now, waiting, running = self.kv, self.clock, self.waiting, self.running
         pre, tgt, kvt = self.prefilled, self.prefill_target, self.kv_tokens
         state, stamps, first, swapped = self.state, self._stamp, self.first_scheduled_s, self.swapped
-        swap_s = 0.0
+        swap_s, resumed = 0.0, False
         for rid in ids:
             waiting.remove(rid)
             state[rid] = RUNNING
@@ -860,9 +863,11 @@ class Engine:
                     kv.make_room(blocks)
                 kv.used_blocks += blocks
                 swap_s += self._swap_seconds(int(kvt[rid]))
-                self._ds = None  # it resumes decoding
                 if pre[rid] < tgt[rid]:  # swapped out mid-prefill: its prefill goes on
                     self.n_in_prefill += 1
+                else:  # it resumes decoding
+                    self._ds = None
+                    resumed = True
                 continue
             self.n_in_prefill += 1
             if kv.enabled:
@@ -874,7 +879,7 @@ class Engine:
                     self._iter_cached += hit
                     if hit >= tgt[rid]:
                         self._ds = None
-        return swap_s
+        return swap_s, resumed
 
     def _swap_seconds(self, tokens: int) -> float:
         return tokens * self.config.kv_bytes_per_token / (self.config.swap_gb_s * 1e9)
