@@ -170,7 +170,7 @@ def _metric(summary: dict[str, Any], path: str) -> float:
     return float(node)
 
 
-def _served(s: dict[str, Any]) -> bool:
+def served(s: dict[str, Any]) -> bool:
     """The benchmark's rule for a run that counts: every arrived request served and none
     rejected, or the scenario's horizon reached without a stall."""
     return (s["n_completed"] == s["n_arrived"] and s["n_rejected"] == 0) or (
@@ -193,7 +193,7 @@ class _Runner:
 
     def run(self, scheduler) -> tuple[float, float, Engine]:
         """``(cost, value, engine)``: cost is the value signed so that lower is better, ``inf``
-        for a run that does not count (:func:`_served`)."""
+        for a run that does not count (:func:`served`)."""
         ov = scheduler.engine_overrides
         key = tuple(sorted(ov.items()))
         if key not in self._configs:
@@ -204,7 +204,7 @@ class _Runner:
         self.n_sims += 1
         summary = summarize(engine, self.name, scheduler.name)
         value = _metric(summary, self.metric)
-        done = _served(summary)
+        done = served(summary)
         cost = self.sign * value if done and math.isfinite(value) else math.inf
         return cost, value, engine
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from llmsched_gym.config import ConfigError
 from llmsched_gym.core.metrics import metric_value
-from llmsched_gym.hindsight import HindsightResult
+from llmsched_gym.hindsight import HindsightResult, served
 
 WEIGHTS = ("w_prefix", "w_queue", "w_kv", "w_active")
 """llm-d's scorer weights the search moves (:class:`baselines.route_llmd.LLMD`)."""
@@ -50,13 +50,6 @@ DEFAULT_ROUTE_SIMS = 40
 """Search runs after the starting routers."""
 POPULATION = 8
 """Candidates per cross-entropy generation (fewer when the budget is smaller)."""
-
-
-def _served(s: dict[str, Any]) -> bool:
-    """The benchmark's rule: every arrived request served and none rejected, or the horizon
-    reached without a stall."""
-    return (s["n_completed"] + s["n_rejected"] == s["n_arrived"] and s["n_rejected"] == 0
-            or (s["stop_reason"] == "horizon" and not s["non_terminating"]))
 
 
 def _label(spec: dict[str, Any]) -> str:
@@ -84,7 +77,7 @@ class _RouteRunner:
                              router_params=params or None, refresh_s=spec.get("refresh_s")).summary
         self.n_sims += 1
         value = metric_value(s, self.metric)
-        cost = self.sign * value if _served(s) and math.isfinite(value) else math.inf
+        cost = self.sign * value if served(s) and math.isfinite(value) else math.inf
         return cost, value
 
 
