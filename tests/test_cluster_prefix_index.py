@@ -111,10 +111,12 @@ def test_indexed_prefix_hits_equal_each_replicas_cache(n, k, seed, router, cap, 
 
 def test_the_replicas_reuse_the_hashes_the_router_computed() -> None:
     """llm-d reads every prompt's block hashes to route it; the replica it picks takes that list
-    instead of hashing the prompt again (none of their caches computes a list), and the run is
-    the one where each replica hashes its prompts itself."""
+    instead of hashing the prompt again (each prompt is hashed once, by the router), and the run
+    is the one where each replica hashes its prompts itself."""
+    from collections import OrderedDict
     from unittest import mock
 
+    from llmsched_gym.core import kv as kv_mod
     from llmsched_gym.core.kv import KVCache
 
     rng = np.random.default_rng(5)
@@ -122,16 +124,26 @@ def test_the_replicas_reuse_the_hashes_the_router_computed() -> None:
     prefix = [((int(g), 200), (100 + i, 16)) for i, g in enumerate(rng.integers(0, 3, n))]
     wl = Workload(np.sort(rng.exponential(0.05, n).cumsum()), 216 + rng.integers(0, 30, n), rng.integers(1, 30, n),
                   prefix=prefix)
+    real = kv_mod._chain_hashes
     runs = []
     for adopt in (True, False):
         c = _cluster(wl, make_router("llm-d"), [3000] * 3)
-        if adopt:
-            c.run()
-            assert all(not e.kv._by_segments for e in c.engines)  # no replica hashed a prompt itself
-        else:
-            with mock.patch.object(KVCache, "adopt_hashes", lambda self, rid, hashes: None):
+        calls: list[tuple] = []
+
+        def counted(cache, segs, bs, calls=calls):
+            calls.append(segs)
+            return real(cache, segs, bs)
+
+        with mock.patch.object(kv_mod, "_chain_hashes", counted):
+            if adopt:
                 c.run()
-            assert any(e.kv._by_segments for e in c.engines)
+                assert len(calls) == n  # the router's, one per prompt; no replica hashed one again
+            else:
+                for e in c.engines:  # each replica on its own, hashing what it serves
+                    e.kv._by_segments = OrderedDict()
+                with mock.patch.object(KVCache, "adopt_hashes", lambda self, rid, hashes: None):
+                    c.run()
+                assert len(calls) == n + sum(len(ids) for ids in c.ids)
         runs.append(c)
     assert runs[0].summary() == runs[1].summary()
     assert runs[0].placement.tolist() == runs[1].placement.tolist()

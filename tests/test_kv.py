@@ -131,3 +131,103 @@ def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
             held = int(kv.shared[r])
             assert held == 0 or r in running
             assert set(kv.block_hashes(r)[:held]) <= cached
+
+
+def _reference_hashes(segs: tuple, bs: int) -> list[int]:
+    """Block ``b``'s key, token by token: hash of block ``b - 1``'s key and the pieces
+    ``(segment, first offset, end offset)`` of the segments covering tokens ``[b*bs, (b+1)*bs)``."""
+    tokens = [(seg, off) for seg, n in segs for off in range(n)]
+    out, prev = [], 0
+    for b in range(len(tokens) // bs):
+        pieces: list[tuple[int, int, int]] = []
+        for seg, off in tokens[b * bs:(b + 1) * bs]:
+            if pieces and pieces[-1][0] == seg and pieces[-1][2] == off:
+                pieces[-1] = (seg, pieces[-1][1], off + 1)
+            else:
+                pieces.append((seg, off, off + 1))
+        prev = hash((prev, tuple(pieces)))
+        out.append(prev)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([1, 3, 4, 16]), st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=4), min_size=1,
+                                                 max_size=12))
+def test_prompts_extending_a_cached_head_hash_as_from_scratch(bs, paths):
+    """Prompts built from a small pool of segments (so they share heads: a group's system prompt,
+    a session's earlier turns), hashed in turn through one cache: every chain equals the one
+    computed token by token, and blocks wholly inside a shared head are the same objects."""
+    seg_len = {0: 7, 1: 16, 2: 1, 3: 20, 4: 5, 5: 33}
+    prefix = [tuple((s, seg_len[s]) for s in p) for p in paths]
+    prompts = [sum(n for _, n in p) + 1 for p in prefix]
+    kv = KVCache(10_000, bs, workload(prompts, prefix))
+    for rid, segs in enumerate(prefix):
+        assert kv.block_hashes(rid) == _reference_hashes(segs, bs)
+    for a in range(len(prefix)):
+        for b in range(a):
+            k = 0
+            while k < min(len(prefix[a]), len(prefix[b])) and prefix[a][k] == prefix[b][k]:
+                k += 1
+            whole = sum(n for _, n in prefix[a][:k]) // bs  # blocks inside the common head
+            ha, hb = kv.block_hashes(a), kv.block_hashes(b)
+            assert all(ha[i] is hb[i] for i in range(whole))
+
+
+def test_lru_order_matches_an_ordered_dict_over_a_long_run():
+    """Thousands of admissions, releases and allocations with evictions (the idle list is
+    compacted many times meanwhile): the idle blocks and their eviction order are those of a
+    plain model (reference counts and an OrderedDict in release order, deeper blocks first)."""
+    from collections import OrderedDict
+
+    rng = np.random.default_rng(11)
+    n, bs = 400, 4
+    prefix = [((int(rng.integers(0, 6)), 4 * int(rng.integers(1, 4))), (100 + i, int(rng.integers(1, 12))))
+              for i in range(n)]
+    prompts = [sum(x for _, x in p) + 1 for p in prefix]
+    kv = KVCache(4 * 90, bs, workload(prompts, prefix))
+    ref: dict[int, int] = {}
+    idle: OrderedDict[int, None] = OrderedDict()
+    held: dict[int, list[int]] = {}
+    compactions = 0
+    for step in range(6000):
+        rid = int(rng.integers(0, n))
+        if rid in held:  # finish it
+            kv.release_prefix(rid)
+            for h in reversed(held.pop(rid)):
+                ref[h] -= 1
+                if ref[h] == 0:
+                    idle[h] = None
+        else:  # admit it: hit, make room for the rest of its prompt, prefill, publish
+            hashes = kv.block_hashes(rid)
+            m = 0
+            while m < min(len(hashes), (prompts[rid] - 1) // bs) and hashes[m] in ref:
+                m += 1
+            assert kv.acquire_prefix(rid) == m * bs
+            for h in hashes[:m]:
+                if ref[h] == 0:
+                    del idle[h]
+                ref[h] += 1
+            need = kv.blocks(prompts[rid] + 1) - m
+            kv.make_room(need)
+            excess = kv.used_blocks + len(idle) + need - kv.capacity_blocks
+            while excess > 0 and idle:
+                del ref[idle.popitem(last=False)[0]]
+                excess -= 1
+            kv.used_blocks += need
+            kv.publish_prefix(rid, prompts[rid])
+            mine = hashes[:min(len(hashes), prompts[rid] // bs)]
+            for h in mine[m:]:
+                if h not in ref:
+                    ref[h] = 1
+                else:
+                    if ref[h] == 0:
+                        del idle[h]
+                    ref[h] += 1
+            held[rid] = mine
+        if len(kv._lru) < 2 * len(idle):
+            compactions += 1
+        if step % 50 == 0 or step > 5900:
+            assert kv.next_evictions(10**6) == list(idle)
+            assert set(kv.cached_hashes()) == set(ref) and kv.idle_blocks == len(idle)
+            assert all(kv.references(h) == r for h, r in ref.items())
+    assert kv.evicted_blocks > 1000 and compactions > 10

@@ -412,6 +412,9 @@ class Cluster:
         self.placement = np.full(len(workload), -1, dtype=np.int64)
         """The replica each request was routed to (-1: not routed: it arrives after the horizon)."""
         self._hashers: dict[int, KVCache] = {}
+        if len(self.engines) > 1 and self.has_prefix:
+            for e in self.engines:  # one cache of prompt-head hashes: the replicas' dicts share their int keys
+                e.kv._by_segments = self.hasher(e.kv.block_size)._by_segments
         self._holders: _BlockHolders | None = None
         self._handover: dict[int, list[int]] = {}  # global id -> block hashes the router computed
         self.view = ClusterView(self)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,60 @@ if TYPE_CHECKING:
 
 
 _SHARED_PREFIXES = 512
-"""Hash lists kept by segment tuple for requests whose prompts have the same prefix segments
-(the most recently used ones; older ones are recomputed when asked, with equal values)."""
+"""Prompt heads (segment tuples) whose hash-chain state is kept (:func:`_chain_hashes`: the most
+recently used ones; older ones are recomputed when asked, with equal values)."""
+
+
+def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
+    """The chained block hashes of a prompt whose shareable head is ``segs`` (``(segment id,
+    tokens)`` pairs): block ``b``'s key chains block ``b-1``'s with the pieces of segments inside
+    block ``b`` (``(segment, first offset, end offset)``), O(blocks + segments).
+
+    ``cache`` (the :data:`_SHARED_PREFIXES` most recently used entries) maps a segment tuple to
+    the chain's state after it: ``(list, n, last key, tokens in the open block, its pieces)``,
+    the list's first ``n`` keys being the tuple's blocks. A prompt with the same segments gets
+    the same (read-only) list; one that extends a cached head (a group's system prompt, a
+    session's earlier turns) hashes only its own segments, and its list holds the same int
+    objects for the head's blocks."""
+    k = len(segs)
+    state = cache.get(segs)
+    if state is not None:
+        cache.move_to_end(segs)
+        h, n = state[0], state[1]
+        return h if n == len(h) else h[:n]
+    k -= 1
+    while k > 0:
+        head = segs[:k]
+        state = cache.get(head)
+        if state is not None:
+            cache.move_to_end(head)
+            break
+        k -= 1
+    if state is not None:
+        base, n_base, prev, fill, pieces = state
+        h = base[:n_base]
+        pieces = list(pieces)
+    else:
+        h, prev, fill, pieces = [], 0, 0, []
+    for i in range(k, len(segs)):
+        seg_id, n_tok = segs[i]
+        off = 0
+        while off < n_tok:
+            take = min(n_tok - off, bs - fill)
+            pieces.append((seg_id, off, off + take))
+            off += take
+            fill += take
+            if fill == bs:
+                prev = hash((prev, tuple(pieces)))
+                h.append(prev)
+                pieces.clear()
+                fill = 0
+        head = segs[:i + 1] if i + 1 < len(segs) else segs
+        if head not in cache:
+            cache[head] = (h, len(h), prev, fill, tuple(pieces))
+    while len(cache) > _SHARED_PREFIXES:
+        cache.popitem(last=False)
+    return h
 
 
 class KVCache:
@@ -68,10 +120,18 @@ class KVCache:
         self._prefix = workload.prefix
         self._prompt = workload.prompt_tokens
         self._hashes: dict[int, list[int]] = {}  # live requests' block hashes (dropped by forget)
-        self._by_segments: OrderedDict[tuple, list[int]] = OrderedDict()  # recent prefixes, shared
+        self._by_segments: OrderedDict[tuple, tuple] = OrderedDict()  # recent prefixes (_chain_hashes)
         self._ref: dict[int, int] = {}
-        self._idle: OrderedDict[int, None] = OrderedDict()
-        self._held: dict[int, list[int]] = {}
+        # idle (unreferenced) blocks in LRU order: ``_idle[hash]`` is the block's position in
+        # ``_lru`` (release order, oldest first from ``_head``); entries of blocks referenced or
+        # released again since are stale (their position no longer matches) and skipped
+        self._idle: dict[int, int] = {}
+        self._lru: list[int] = []
+        self._head = 0
+        self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
+        self._ver = 0  # bumped when a block enters or leaves the cache (match results change)
+        self._matched: dict[int, int] = {}  # rid -> match_blocks at version _matched_ver
+        self._matched_ver = 0
         self.hit_tokens = 0
         self.evicted_blocks = 0
         self.watch: Any = None
@@ -116,34 +176,7 @@ class KVCache:
             segs = self._prefix[rid] if self._prefix is not None else None
             if segs and not isinstance(segs, tuple):
                 segs = tuple(tuple(x) for x in segs)
-            # requests with the same segments share one (read-only) hash list
-            h = self._by_segments.get(segs) if segs else None
-            if h is not None:
-                self._by_segments.move_to_end(segs)
-                self._hashes[rid] = h
-                return h
-            h = []
-            if segs:
-                # block b's key chains block b-1's with the pieces of segments inside block b
-                # ((segment, first offset, end offset)): O(blocks + segments) per prefix
-                bs = self.block_size
-                prev = fill = 0
-                pieces: list[tuple[int, int, int]] = []
-                for seg_id, n_tok in segs:
-                    off = 0
-                    while off < n_tok:
-                        take = min(n_tok - off, bs - fill)
-                        pieces.append((seg_id, off, off + take))
-                        off += take
-                        fill += take
-                        if fill == bs:
-                            prev = hash((prev, tuple(pieces)))
-                            h.append(prev)
-                            pieces.clear()
-                            fill = 0
-                self._by_segments[segs] = h
-                if len(self._by_segments) > _SHARED_PREFIXES:
-                    self._by_segments.popitem(last=False)
+            h = _chain_hashes(self._by_segments, segs, self.block_size) if segs else []
             self._hashes[rid] = h
         return h
 
@@ -160,15 +193,26 @@ class KVCache:
     def match_blocks(self, rid: int) -> int:
         if not self.enabled:
             return 0
+        memo = self._matched
+        if self._matched_ver != self._ver:
+            memo.clear()
+            self._matched_ver = self._ver
+        else:
+            n = memo.get(rid)
+            if n is not None:
+                return n
         hashes = self._block_hashes(rid)
-        n = 0
+        ref, n = self._ref, 0
         for hsh in hashes:
-            if hsh in self._ref:
+            if hsh in ref:
                 n += 1
             else:
                 break
         if self.cap_prompt_minus_one:
             n = min(n, (int(self._prompt[rid]) - 1) // self.block_size)
+        if len(memo) >= 64:
+            memo.clear()
+        memo[rid] = n
         return n
 
     def match_tokens(self, rid: int) -> int:
@@ -179,16 +223,16 @@ class KVCache:
         m = self.match_blocks(rid)
         if m == 0:
             return 0
-        hashes = self._block_hashes(rid)[:m]
-        newly_used = 0
-        for hsh in hashes:
-            r = self._ref[hsh]
+        hashes = self._block_hashes(rid)
+        ref, newly_used = self._ref, 0
+        for hsh in (hashes if m == len(hashes) else hashes[:m]):
+            r = ref[hsh]
             if r == 0:
                 self._unidle(hsh)
                 newly_used += 1
-            self._ref[hsh] = r + 1
+            ref[hsh] = r + 1
         self.used_blocks += newly_used
-        self._held[rid] = list(hashes)
+        self._held[rid] = m
         self.shared[rid] = m
         self.hit_tokens += m * self.block_size
         return m * self.block_size
@@ -198,45 +242,65 @@ class KVCache:
         if not self.enabled:
             return
         hashes = self._block_hashes(rid)
-        held = self._held.setdefault(rid, [])
+        held = self._held.get(rid, 0)
         upto = min(len(hashes), prefilled_tokens // self.block_size)
-        for hsh in hashes[len(held):upto]:
-            r = self._ref.get(hsh)
+        ref, watch = self._ref, self.watch
+        for hsh in hashes[held:upto]:
+            r = ref.get(hsh)
             if r is None:
-                self._ref[hsh] = 1
-                if self.watch is not None:
-                    self.watch.cached(hsh)
+                ref[hsh] = 1
+                self._ver += 1
+                if watch is not None:
+                    watch.cached(hsh)
             else:
                 # computed twice concurrently: share the existing block, drop our copy
                 if r == 0:
                     self._unidle(hsh)
                 else:
                     self.used_blocks -= 1
-                self._ref[hsh] = r + 1
-            held.append(hsh)
-        self.shared[rid] = len(held)
+                ref[hsh] = r + 1
+        held = self._held[rid] = max(held, upto)
+        self.shared[rid] = held
 
     def release_prefix(self, rid: int) -> None:
         """Drop ``rid``'s references; unreferenced blocks stay cached (LRU order)."""
-        held = self._held.pop(rid, None)
+        held = self._held.pop(rid, 0)
         if not held:
             return
-        for hsh in reversed(held):
-            r = self._ref[hsh] - 1
-            self._ref[hsh] = r
+        hashes = self._block_hashes(rid)
+        ref, idle, lru, prio = self._ref, self._idle, self._lru, self._priority
+        freed = 0
+        for hsh in reversed(hashes if held == len(hashes) else hashes[:held]):
+            r = ref[hsh] - 1
+            ref[hsh] = r
             if r == 0:
-                self._idle[hsh] = None
-                if self._priority is not None:
+                idle[hsh] = len(lru)
+                lru.append(hsh)
+                if prio is not None:
                     self._push(hsh)
-                self.used_blocks -= 1
+                freed += 1
+        self.used_blocks -= freed
         self.shared[rid] = 0
+        if len(lru) > 2 * len(idle) + 1024:
+            self._compact()
 
     def make_room(self, n_blocks: int) -> None:
         """Evict idle cached blocks (LRU first, or by priority) so ``n_blocks`` more can be allocated."""
-        excess = self.used_blocks + len(self._idle) + n_blocks - self.capacity_blocks
-        while excess > 0 and self._idle:
+        idle = self._idle
+        excess = self.used_blocks + len(idle) + n_blocks - self.capacity_blocks
+        if excess <= 0 or not idle:
+            return
+        self._ver += 1
+        lru = self._lru
+        while excess > 0 and idle:
             if self._priority is None:
-                hsh, _ = self._idle.popitem(last=False)
+                i = self._head
+                hsh = lru[i]
+                while idle.get(hsh) != i:  # stale entries: skipped
+                    i += 1
+                    hsh = lru[i]
+                self._head = i + 1
+                del idle[hsh]
             else:
                 hsh = self._pop_lowest()
             del self._ref[hsh]
@@ -289,7 +353,7 @@ class KVCache:
 
     def next_evictions(self, k: int) -> list[int]:
         """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
-        return list(islice(self._idle, k))
+        return list(islice(self._idle_order(), k))
 
     def idle_count(self) -> int:
         """Idle cached blocks (held by no running request, evicted first when room is needed)."""
@@ -303,7 +367,7 @@ class KVCache:
             return []
         if self._priority is None:  # LRU: the idle order, then the blocks freed after it
             out: list[int] = []
-            for hsh in (*self._idle, *freed):
+            for hsh in (*self._idle_order(), *freed):
                 if not skip(hsh):
                     out.append(hsh)
                     if len(out) == k:
@@ -324,7 +388,7 @@ class KVCache:
         self._priority = priority
         self._entry, self._heap, self._count = {}, [], {}
         if priority is not None:
-            for hsh in self._idle:
+            for hsh in self._idle_order():
                 self._push(hsh)
 
     def reprioritize(self, hashes: Iterable[int]) -> None:
@@ -358,6 +422,19 @@ class KVCache:
             self._count[p] = n
         else:
             del self._count[p]
+
+    def _idle_order(self) -> Iterator[int]:
+        """The idle blocks, least recently released first."""
+        idle = self._idle
+        return (h for i, h in enumerate(self._lru[self._head:], self._head) if idle.get(h) == i)
+
+    def _compact(self) -> None:
+        """Drop the stale entries of the LRU list (amortised O(1) per release)."""
+        lru = self._lru = list(self._idle_order())
+        self._head = 0
+        idle = self._idle
+        for i, h in enumerate(lru):
+            idle[h] = i
 
     def _unidle(self, hsh: int) -> None:
         del self._idle[hsh]
