@@ -121,11 +121,13 @@ class KVCache:
         self._prompt = workload.prompt_tokens
         self._hashes: dict[int, list[int]] = {}  # live requests' block hashes (dropped by forget)
         self._by_segments: OrderedDict[tuple, tuple] = OrderedDict()  # recent prefixes (_chain_hashes)
+        # every cached block: ``_ref[hash]`` is its reference count (> 0) while running requests
+        # hold it, and ``-1 - i`` while it is idle, ``i`` its position in ``_lru``: the idle blocks
+        # in release order (LRU: the oldest from ``_head``), where entries of blocks referenced or
+        # released again since are stale (their position no longer matches) and skipped. One dict
+        # for both: a block's transitions touch one hash-table entry.
         self._ref: dict[int, int] = {}
-        # idle (unreferenced) blocks in LRU order: ``_idle[hash]`` is the block's position in
-        # ``_lru`` (release order, oldest first from ``_head``); entries of blocks referenced or
-        # released again since are stale (their position no longer matches) and skipped
-        self._idle: dict[int, int] = {}
+        self._n_idle = 0
         self._lru: list[int] = []
         self._head = 0
         self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
@@ -164,7 +166,7 @@ class KVCache:
     @property
     def idle_blocks(self) -> int:
         """Unreferenced cached blocks (reclaimable)."""
-        return len(self._idle)
+        return self._n_idle
 
     def blocks(self, kv_tokens: int) -> int:
         return -(-kv_tokens // self.block_size)
@@ -227,11 +229,14 @@ class KVCache:
         ref, newly_used = self._ref, 0
         for hsh in (hashes if m == len(hashes) else hashes[:m]):
             r = ref[hsh]
-            if r == 0:
-                self._unidle(hsh)
+            if r < 0:
+                ref[hsh] = 1
                 newly_used += 1
-            ref[hsh] = r + 1
-        self.used_blocks += newly_used
+            else:
+                ref[hsh] = r + 1
+        if newly_used:
+            self.used_blocks += newly_used
+            self._unidled(hashes, m, newly_used)
         self._held[rid] = m
         self.shared[rid] = m
         self.hit_tokens += m * self.block_size
@@ -252,12 +257,11 @@ class KVCache:
                 self._ver += 1
                 if watch is not None:
                     watch.cached(hsh)
-            else:
-                # computed twice concurrently: share the existing block, drop our copy
-                if r == 0:
-                    self._unidle(hsh)
-                else:
-                    self.used_blocks -= 1
+            elif r < 0:  # computed twice concurrently: share the existing block (idle), drop our copy
+                ref[hsh] = 1
+                self._unidled([hsh], 1, 1)
+            else:  # the same, the block in use
+                self.used_blocks -= 1
                 ref[hsh] = r + 1
         held = self._held[rid] = max(held, upto)
         self.shared[rid] = held
@@ -268,42 +272,43 @@ class KVCache:
         if not held:
             return
         hashes = self._block_hashes(rid)
-        ref, idle, lru, prio = self._ref, self._idle, self._lru, self._priority
-        freed = 0
+        ref, lru, prio = self._ref, self._lru, self._priority
+        n0 = len(lru)
         for hsh in reversed(hashes if held == len(hashes) else hashes[:held]):
-            r = ref[hsh] - 1
-            ref[hsh] = r
-            if r == 0:
-                idle[hsh] = len(lru)
+            r = ref[hsh]
+            if r == 1:
+                ref[hsh] = -1 - len(lru)
                 lru.append(hsh)
                 if prio is not None:
                     self._push(hsh)
-                freed += 1
+            else:
+                ref[hsh] = r - 1
+        freed = len(lru) - n0
         self.used_blocks -= freed
+        self._n_idle += freed
         self.shared[rid] = 0
-        if len(lru) > 2 * len(idle) + 1024:
+        if len(lru) > 2 * self._n_idle + 1024:
             self._compact()
 
     def make_room(self, n_blocks: int) -> None:
         """Evict idle cached blocks (LRU first, or by priority) so ``n_blocks`` more can be allocated."""
-        idle = self._idle
-        excess = self.used_blocks + len(idle) + n_blocks - self.capacity_blocks
-        if excess <= 0 or not idle:
+        excess = self.used_blocks + self._n_idle + n_blocks - self.capacity_blocks
+        if excess <= 0 or not self._n_idle:
             return
         self._ver += 1
-        lru = self._lru
-        while excess > 0 and idle:
+        ref, lru = self._ref, self._lru
+        while excess > 0 and self._n_idle:
             if self._priority is None:
                 i = self._head
                 hsh = lru[i]
-                while idle.get(hsh) != i:  # stale entries: skipped
+                while ref.get(hsh) != -1 - i:  # stale entries: skipped
                     i += 1
                     hsh = lru[i]
                 self._head = i + 1
-                del idle[hsh]
             else:
                 hsh = self._pop_lowest()
-            del self._ref[hsh]
+            self._n_idle -= 1
+            del ref[hsh]
             if self.watch is not None:
                 self.watch.evicted(hsh)
             self.evicted_blocks += 1
@@ -329,7 +334,7 @@ class KVCache:
             if r is None:
                 break
             m += 1
-            if r == 0:
+            if r < 0:
                 idle += 1
         return m, idle
 
@@ -349,7 +354,8 @@ class KVCache:
 
     def references(self, hsh: int) -> int:
         """Running requests holding cached block ``hsh`` (0: idle, or not cached)."""
-        return self._ref.get(hsh, 0)
+        r = self._ref.get(hsh, 0)
+        return r if r > 0 else 0
 
     def next_evictions(self, k: int) -> list[int]:
         """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
@@ -357,7 +363,7 @@ class KVCache:
 
     def idle_count(self) -> int:
         """Idle cached blocks (held by no running request, evicted first when room is needed)."""
-        return len(self._idle)
+        return self._n_idle
 
     def eviction_victims(self, k: int, freed: list[int], skip: Callable[[int], bool]) -> list[int]:
         """The ``k`` blocks :meth:`make_room` would evict if ``freed`` became idle first (in that
@@ -425,28 +431,32 @@ class KVCache:
 
     def _idle_order(self) -> Iterator[int]:
         """The idle blocks, least recently released first."""
-        idle = self._idle
-        return (h for i, h in enumerate(self._lru[self._head:], self._head) if idle.get(h) == i)
+        ref = self._ref
+        return (h for i, h in enumerate(self._lru[self._head:], self._head) if ref.get(h) == -1 - i)
 
     def _compact(self) -> None:
         """Drop the stale entries of the LRU list (amortised O(1) per release)."""
         lru = self._lru = list(self._idle_order())
         self._head = 0
-        idle = self._idle
+        ref = self._ref
         for i, h in enumerate(lru):
-            idle[h] = i
+            ref[h] = -1 - i
 
-    def _unidle(self, hsh: int) -> None:
-        del self._idle[hsh]
+    def _unidled(self, hashes: list[int], m: int, k: int) -> None:
+        """``k`` of the blocks ``hashes[:m]`` were idle and are referenced now."""
+        self._n_idle -= k
         if self._priority is not None:
-            self._uncount(self._entry.pop(hsh)[0])
+            entry = self._entry
+            for hsh in hashes[:m]:
+                e = entry.pop(hsh, None)
+                if e is not None:
+                    self._uncount(e[0])
 
     def _pop_lowest(self) -> int:
         heap, entry = self._heap, self._entry
         while True:
             p, seq, hsh = heapq.heappop(heap)
             if entry.get(hsh) == (p, seq):
-                del self._idle[hsh]
                 del entry[hsh]
                 self._uncount(p)
                 return hsh
