@@ -389,9 +389,10 @@ def is_maskable(model: Any) -> bool:
 def algo_class(algo: str) -> Any:
     """The SB3 class of an algorithm name (``maskable-ppo``, ``ppo``); an AgentFileError otherwise."""
     from sb3_contrib import MaskablePPO
-    from stable_baselines3 import PPO
 
-    classes = {"maskable-ppo": MaskablePPO, "ppo": PPO}
+    from agents.lean import LeanPPO  # SB3's PPO with the same updates, less Python (agents/lean.py)
+
+    classes = {"maskable-ppo": MaskablePPO, "ppo": LeanPPO}
     if algo not in classes:
         raise AgentFileError(f"algo: {algo!r} is not one of {', '.join(classes)}")
     return classes[algo]

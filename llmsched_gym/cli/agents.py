@@ -86,14 +86,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         validate_spec(args.bc_from, "--bc-from")
     import gc
 
-    import stable_baselines3  # noqa: F401  (with torch: imported before the freeze below)
+    # no collections while torch and SB3 import: their ~200k objects would be walked by every full
+    # collection on the way (0.15-0.3 CPU-s); imports make no cyclic garbage worth collecting
+    gc.disable()
+    try:
+        import stable_baselines3  # noqa: F401  (with torch: imported before the freeze below)
 
-    from agents.train import TrainConfig, train
-
-    # this process ends after training: the objects of the imported modules (about 200k, torch's
-    # and SB3's) go to the collector's permanent generation, so that neither the full collections
-    # during training nor the interpreter's exit walk them again (0.3-0.8 CPU-s of a short run)
-    gc.freeze()
+        from agents.train import TrainConfig, train
+    finally:
+        # this process ends after training: the objects of the imported modules go to the
+        # collector's permanent generation, so that neither the full collections during training
+        # nor the interpreter's exit walk them again (0.3-0.8 CPU-s of a short run)
+        gc.freeze()
+        gc.enable()
     overrides, _ = _sets(args.set)
     env_kwargs = {"action_mode": args.action_mode, "admission": args.admission, "K": args.K, "order": args.order}
     cfg = TrainConfig(
