@@ -1,0 +1,183 @@
+"""agents.lean.LeanPPO: SB3's PPO updates bit for bit; agents.optim.Adam's flat steps; slot_max."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sb3_contrib")
+
+from stable_baselines3 import PPO  # noqa: E402
+
+from agents.lean import LeanPPO  # noqa: E402
+from agents.optim import Adam  # noqa: E402
+
+
+def _learn(cls, flat: bool, **kw):
+    """128 steps of priority mode on 2 envs (a ``Box`` observation when ``flat``, else the
+    ``Dict``), our Adam; returns the model and the scalars it logged at its last update."""
+    from stable_baselines3.common.logger import Logger
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agents.envs import make_env
+    from agents.storage import with_optimizer
+
+    def env():
+        return make_env("jaillet-low", {"K": 4, "action_mode": "priority", "flat": flat}, {"workload.n_requests": 40})
+
+    venv = DummyVecEnv([env, env])
+    model = cls("MlpPolicy" if flat else "MultiInputPolicy", venv, n_steps=32, batch_size=24, n_epochs=3, seed=5,
+                device="cpu", policy_kwargs=with_optimizer({"net_arch": [16]}), **kw)
+    logged: dict[str, float] = {}
+
+    class Capture(Logger):
+        def record(self, key, value, exclude=None):
+            logged[key] = value
+
+    model.set_logger(Capture(None, []))
+    model.learn(128)
+    return model, logged
+
+
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("kw", [{}, {"clip_range_vf": 0.1, "target_kl": 0.002, "ent_coef": 0.01}])
+def test_lean_ppo_learns_exactly_what_sb3s_ppo_learns(flat, kw):
+    """Weights, optimizer state, the NumPy generator's draws and every logged scalar equal after
+    four updates with partial last minibatches (64 samples in batches of 24), with and without
+    the value clipping and early stopping branches."""
+    np.random.seed(11)
+    ours, log_ours = _learn(LeanPPO, flat, **kw)
+    draw_ours = np.random.random()
+    np.random.seed(11)
+    theirs, log_theirs = _learn(PPO, flat, **kw)
+    assert np.random.random() == draw_ours  # the same minibatch permutations were drawn
+    a, b = ours.policy.state_dict(), theirs.policy.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = ours.policy.optimizer.state_dict()["state"], theirs.policy.optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+    assert log_ours.keys() == log_theirs.keys() and "train/value_loss" in log_ours
+    for key, value in log_theirs.items():
+        if key.startswith("time/"):  # wall clock
+            continue
+        assert log_ours[key] == value or (np.isnan(value) and np.isnan(log_ours[key])), key
+    if kw:
+        assert "train/clip_range_vf" in log_ours
+
+
+def test_ppo_agents_are_built_as_lean_ppo_and_keep_their_algo_name():
+    from agents.storage import algo_class, algo_name
+
+    cls = algo_class("ppo")
+    assert cls is LeanPPO and issubclass(cls, PPO)
+    assert algo_name(object.__new__(cls)) == "ppo"
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+
+
+def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, g: torch.Generator, skip: int | None = None) -> None:
+    x = torch.randn(32, 6, generator=g)
+    opt.zero_grad()
+    net(x).pow(2).mean().backward()
+    if skip is not None:  # a parameter without a gradient this step: torch's Adam skips it
+        list(net.parameters())[skip].grad = None
+    opt.step()
+
+
+def test_flat_adam_keeps_parameters_and_moments_as_views_of_its_buffers():
+    net = _net()
+    opt = Adam(net.parameters(), lr=1e-3, eps=1e-5)
+    _step(net, opt, torch.Generator().manual_seed(0))
+    flat = opt._flat
+    params = list(net.parameters())
+    assert sum(p.numel() for p in params) == flat.value.numel()
+    for p in params:
+        assert p.untyped_storage().data_ptr() == flat.value.untyped_storage().data_ptr()
+        st = opt.state[p]
+        assert st["exp_avg"].untyped_storage().data_ptr() == flat.m.untyped_storage().data_ptr()
+        assert float(st["step"]) == 1.0 and st["exp_avg"].shape == p.shape
+
+
+def test_flat_adam_equals_torch_adam_through_skipped_parameters_and_state_reloads():
+    """A step where one parameter has no gradient goes per parameter (torch skips that one: its
+    step count falls behind, so the flat buffers cannot come back); a reload of the state rebuilds
+    them. Every step equals torch's Adam."""
+    ours, theirs = _net(), _net()
+    a, b = Adam(ours.parameters(), lr=1e-2, eps=1e-5), torch.optim.Adam(theirs.parameters(), lr=1e-2, eps=1e-5)
+    ga, gb = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+
+    def same() -> bool:
+        return all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters(), strict=True))
+
+    for _ in range(3):
+        _step(ours, a, ga)
+        _step(theirs, b, gb)
+    assert "_flat" in a.__dict__ and same()
+    _step(ours, a, ga, skip=1)
+    _step(theirs, b, gb, skip=1)
+    assert "_flat" not in a.__dict__ and same()
+    for _ in range(2):  # uneven step counts: per parameter from now on
+        _step(ours, a, ga)
+        _step(theirs, b, gb)
+    assert "_flat" not in a.__dict__ and same()
+    # a fresh optimizer loading torch's (even) state goes flat again and continues identically
+    c, d = _net(), _net()
+    oc, od = Adam(c.parameters(), lr=1e-2, eps=1e-5), torch.optim.Adam(d.parameters(), lr=1e-2, eps=1e-5)
+    gc_, gd = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+    for _ in range(2):
+        _step(c, oc, gc_)
+        _step(d, od, gd)
+    oc.load_state_dict(copy.deepcopy(od.state_dict()))
+    assert "_flat" not in oc.__dict__
+    for _ in range(3):
+        _step(c, oc, gc_)
+        _step(d, od, gd)
+    assert "_flat" in oc.__dict__
+    assert all(torch.equal(p, q) for p, q in zip(c.parameters(), d.parameters(), strict=True))
+    assert all(torch.equal(oc.state_dict()["state"][i][k], od.state_dict()["state"][i][k])
+               for i in od.state_dict()["state"] for k in ("step", "exp_avg", "exp_avg_sq"))
+
+
+def test_flat_adam_survives_a_parameter_load_and_a_replaced_tensor():
+    """``load_state_dict`` on the module copies into the views (still flat); a parameter whose
+    tensor is replaced (``p.data = ...``) makes the next step rebuild the buffers around it."""
+    ours, theirs = _net(), _net()
+    a, b = Adam(ours.parameters(), lr=1e-2, eps=1e-5), torch.optim.Adam(theirs.parameters(), lr=1e-2, eps=1e-5)
+    ga, gb = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    _step(ours, a, ga)
+    _step(theirs, b, gb)
+    flat = a._flat
+    ours.load_state_dict(theirs.state_dict())
+    _step(ours, a, ga)
+    _step(theirs, b, gb)
+    assert a._flat is flat
+    first = next(ours.parameters())
+    first.data = first.data.clone()
+    next(theirs.parameters()).data = next(theirs.parameters()).data.clone()
+    _step(ours, a, ga)
+    _step(theirs, b, gb)
+    assert a._flat is not flat
+    assert all(torch.equal(p, q) for p, q in zip(ours.parameters(), theirs.parameters(), strict=True))
+
+
+def test_slot_max_is_torch_max_with_and_without_autograd():
+    from agents.features import slot_max
+
+    torch.manual_seed(0)
+    h = torch.relu(torch.randn(8, 5, 3))
+    h[:, 3:] = 0.0  # ties at zero, as empty slots make them
+    h[0, 1] = h[0, 0]  # and a tie at a positive value
+    with torch.no_grad():
+        assert torch.equal(slot_max(h), h.max(1).values)
+    x = h.clone().requires_grad_()
+    y = h.clone().requires_grad_()
+    g = torch.randn(8, 3)
+    slot_max(x).backward(g)
+    y.max(1).values.backward(g)
+    assert torch.equal(x.grad, y.grad)
