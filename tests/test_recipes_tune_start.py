@@ -71,13 +71,16 @@ def test_the_recipe_starts_exactly_at_its_tasks_best_static_heuristic(recipe, en
 def test_the_recipe_trains_on_its_tasks_information(recipe):
     # the training episodes must carry the task's predictor (oracle, none, the learned ranker's error),
     # else the agent learns under other information than the benchmark scores it with
+    from agents.train import load_hyperparams
     from llmsched_gym.benchmark import TASKS
 
-    (entry,) = yaml.safe_load((HP / recipe).read_text()).values()
+    ((key, raw),) = yaml.safe_load((HP / recipe).read_text()).items()
+    entry = load_hyperparams(key, "ppo", str(HP / recipe))  # every field checked (one-line errors)
+    assert entry["env_kwargs"] == raw["env_kwargs"] and entry["env_kwargs"]["action_mode"] == "tune"
     task = next(t for t in TASKS if t.name == entry["task"])
+    assert task.scenario == key  # `llmsched train --scenario KEY` trains on the task's scenario
     train = entry["env_kwargs"]["overrides"]
-    for key, value in task.overrides.items():
-        if key == "workload.predictor":
-            assert train[key] == value
+    if "workload.predictor" in task.overrides:
+        assert train["workload.predictor"] == task.overrides["workload.predictor"]
     env = LLMSchedEnv(task.scenario, overrides=train)
     assert env.information == task.information
