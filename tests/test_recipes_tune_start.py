@@ -35,7 +35,7 @@ CASES = [
     ("jaillet_noisy_tune.yml", "jaillet-noisy", "jaillet-noisy", {"workload.n_requests": 150},
      {"order": "total", "chunk_size": 128, "max_num_seqs": 256}, {"prompt_weight": 1.0, "chunk_size": 128}),
     ("echo_hybrid_tune.yml", "echo-hybrid", "echo-hybrid", ECHO_SMALL,
-     {"order": "mlfq", "chunk_size": 256, "max_num_seqs": 256}, {"chunk_size": 256}),
+     {"order": "total", "chunk_size": 128, "max_num_seqs": 256}, {"prompt_weight": 1.0, "chunk_size": 128}),
 ]
 
 
