@@ -43,6 +43,27 @@ def test_mooncake_rows_become_512_token_segments(tmp_path) -> None:
     assert shared == 32
 
 
+def test_load_trace_hands_out_independent_copies(tmp_path) -> None:
+    # load_trace parses a file once and hands out copies (env resets reload it every episode): what
+    # a caller changes in one copy (arrays, the prefix list, meta) never reaches the next
+    path = _write(tmp_path, [
+        {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]},
+        {"timestamp": 500, "input_length": 512, "output_length": 7, "hash_ids": [0]},
+    ])
+    a = traces.load_trace("mooncake", path)
+    a.prompt_tokens[0] = 1
+    a.arrival_s[1] = 9.0
+    a.prefix[0] = None
+    a.prefix.append(((7, 1),))
+    a.meta["source"] = "changed"
+    b = traces.load_trace("mooncake", path)
+    assert b.prompt_tokens.tolist() == [600, 512]
+    assert b.arrival_s.tolist() == [0.0, 0.5]
+    assert b.prefix == [((0, 512), (1, 88)), ((0, 512),)]
+    assert b.meta["source"].endswith("mc.jsonl")
+    assert b.prefix is not a.prefix and b.arrival_s is not a.arrival_s
+
+
 @pytest.mark.parametrize(("row", "message"), [
     ({"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1]},
      r"mc\.jsonl:1: hash_ids: expected 3 blocks of 512 tokens for input_length 1100, got 2"),

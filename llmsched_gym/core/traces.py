@@ -515,10 +515,21 @@ def load_trace(fmt: str, path: str | os.PathLike, *, on_zero: str = "error") -> 
         if len(_PARSED) >= 8:
             _PARSED.pop(next(iter(_PARSED)))
         _PARSED[key] = loaders[fmt](path, on_zero=on_zero)
-    return copy.deepcopy(_PARSED[key])
+    return _copy_parsed(_PARSED[key])
 
 
 _PARSED: dict[tuple, Workload] = {}
+
+
+def _copy_parsed(wl: Workload) -> Workload:
+    """A deep copy of a parsed trace that shares its prefix segments: the loaders build them as
+    tuples of ``(id, tokens)`` pairs, immutable, so the copy gets a new list of the same tuples
+    instead of a walk through every pair (``copy.deepcopy`` spent 1.6 s of each routing-env reset on
+    the Mooncake trace's 300,000 blocks)."""
+    memo: dict[int, object] = {}
+    if wl.prefix is not None:
+        memo[id(wl.prefix)] = list(wl.prefix)
+    return copy.deepcopy(wl, memo)
 
 
 def read_column(path: str | os.PathLike, column: str) -> np.ndarray:
