@@ -15,7 +15,9 @@ with the plain settings (one parameter group, no ``amsgrad``, ``weight_decay``, 
 ``foreach``, ``fused``, ``capturable`` or ``differentiable``; float32 CPU tensors that all have
 gradients) :class:`Adam` keeps the parameters and the moment estimates as views of three flat
 buffers and runs the same eight operations once over the buffers, after one copy of the gradients
-into a fourth. The optimizer state is still torch's (``state[p]["exp_avg"]`` is ``p``'s view of
+into a fourth. Each parameter starts on a 64-byte boundary, as a tensor of its own would: MKL's
+matrix-vector products (a 1 x 64 value head on a batch of 2) round differently when the weight is
+not aligned, which changed learning in ``select`` mode before the buffers were padded. The optimizer state is still torch's (``state[p]["exp_avg"]`` is ``p``'s view of
 the buffer), so ``state_dict`` and ``load_state_dict`` are unchanged; any other case, or a step
 where some parameter has no gradient, takes torch's per-parameter step.
 
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 _STEP = inspect.unwrap(torch.optim.Adam.step)
+_ALIGN = 16  # float32 elements in 64 bytes
 _PLAIN = {"amsgrad": False, "weight_decay": 0, "maximize": False, "capturable": False, "differentiable": False,
           "decoupled_weight_decay": False}
 
@@ -39,20 +42,33 @@ class _Flat:
     """The flat buffers of one parameter group (see the module docstring)."""
 
     def __init__(self, params: list[torch.Tensor], state: dict, step: float) -> None:
-        sizes = [p.numel() for p in params]
+        # each parameter starts on a 64-byte boundary, as torch's allocator places a tensor of its
+        # own: MKL's matrix-vector products (a value head's 1 x n weight) round differently at
+        # other alignments; the gaps stay zero (zero gradient, moments and update)
+        starts, total = [], 0
+        for p in params:
+            starts.append(total)
+            total += -(-p.numel() // _ALIGN) * _ALIGN
         self.params = params
-        self.value = torch.cat([p.detach().reshape(-1) for p in params])
-        self.grad = torch.empty_like(self.value)
-        self.m = torch.cat([_moment(state, p, "exp_avg") for p in params])
-        self.v = torch.cat([_moment(state, p, "exp_avg_sq") for p in params])
+        self.value = torch.zeros(total, dtype=torch.float32)
+        self.grad = torch.zeros(total, dtype=torch.float32)
+        self.m = torch.zeros(total, dtype=torch.float32)
+        self.v = torch.zeros(total, dtype=torch.float32)
         self.steps = torch.full((len(params),), step, dtype=torch.float32)
         self.step = step
-        off = 0
-        for i, (p, n) in enumerate(zip(params, sizes, strict=True)):
-            p.data = self.value[off:off + n].view_as(p)
-            state[p] = {"step": self.steps[i], "exp_avg": self.m[off:off + n].view_as(p),
-                        "exp_avg_sq": self.v[off:off + n].view_as(p)}
-            off += n
+        self.grads: list[torch.Tensor] = []
+        for i, (p, off) in enumerate(zip(params, starts, strict=True)):
+            n = p.numel()
+            view = self.value[off:off + n].view_as(p)
+            view.copy_(p.detach())
+            st = state.get(p)
+            m, v = self.m[off:off + n].view_as(p), self.v[off:off + n].view_as(p)
+            if st:
+                m.copy_(st["exp_avg"])
+                v.copy_(st["exp_avg_sq"])
+            p.data = view
+            state[p] = {"step": self.steps[i], "exp_avg": m, "exp_avg_sq": v}
+            self.grads.append(self.grad[off:off + n].view_as(p))
         self.views = [state[p]["exp_avg"] for p in params]
         self.ptrs = [p.data_ptr() for p in params]
 
@@ -64,11 +80,6 @@ class _Flat:
             if p.data_ptr() != ptr or st is None or st.get("exp_avg") is not view:
                 return False
         return True
-
-
-def _moment(state: dict, p: torch.Tensor, key: str) -> torch.Tensor:
-    st = state.get(p)
-    return st[key].detach().reshape(-1) if st else torch.zeros(p.numel(), dtype=p.dtype)
 
 
 class Adam(torch.optim.Adam):
@@ -113,7 +124,7 @@ class Adam(torch.optim.Adam):
         grads = [p.grad for p in params]
         if any(g is None or g.is_sparse for g in grads):
             return False
-        torch.cat([g.reshape(-1) for g in grads], out=flat.grad)
+        torch._foreach_copy_(flat.grads, grads)
         beta1, beta2 = group["betas"]
         lr, eps = group["lr"], group["eps"]
         if isinstance(lr, torch.Tensor) or isinstance(beta1, torch.Tensor):

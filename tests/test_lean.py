@@ -96,9 +96,12 @@ def test_flat_adam_keeps_parameters_and_moments_as_views_of_its_buffers():
     _step(net, opt, torch.Generator().manual_seed(0))
     flat = opt._flat
     params = list(net.parameters())
-    assert sum(p.numel() for p in params) == flat.value.numel()
+    assert sum(p.numel() for p in params) <= flat.value.numel()
     for p in params:
         assert p.untyped_storage().data_ptr() == flat.value.untyped_storage().data_ptr()
+        # where torch's allocator would put a tensor of its own (MKL's matrix-vector products
+        # round differently at other alignments)
+        assert p.data_ptr() % 64 == 0
         st = opt.state[p]
         assert st["exp_avg"].untyped_storage().data_ptr() == flat.m.untyped_storage().data_ptr()
         assert float(st["step"]) == 1.0 and st["exp_avg"].shape == p.shape
