@@ -48,12 +48,15 @@ class Checking(Router):
         return self.inner.route(rid, view)
 
 
-def _cluster(wl, router, caps, block_sizes=None, cap_minus_one=True, refresh_s=0.05) -> Cluster:
+def _cluster(wl, router, caps, block_sizes=None, cap_minus_one: bool | None = True, refresh_s=0.05) -> Cluster:
+    """Replicas of vllm-v1 with KV ``caps``; ``cap_minus_one=None``: replica r caps hits at the prompt less one
+    token when r is even (a mix)."""
     block_sizes = block_sizes or [16] * len(caps)
+    capped = [cap_minus_one] * len(caps) if cap_minus_one is not None else [r % 2 == 0 for r in range(len(caps))]
     reps = [Replica(EngineConfig(kv_capacity_tokens=cap, block_size=bs, overflow="preempt_lifo_recompute",
-                                 prefix_cap_prompt_minus_one=cap_minus_one),
+                                 prefix_cap_prompt_minus_one=c),
                     make_latency("linear:d0=0.01,d1=1e-6"), make_policy("vllm-v1"))
-            for cap, bs in zip(caps, block_sizes, strict=True)]
+            for cap, bs, c in zip(caps, block_sizes, capped, strict=True)]
     return Cluster(wl, reps, router, seed=0, refresh_s=refresh_s)
 
 
@@ -86,7 +89,7 @@ def test_a_block_evicted_on_one_replica_stays_held_on_the_other() -> None:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 50), k=st.integers(2, 5), seed=st.integers(0, 2**16),
        router=st.sampled_from(["llm-d", "random", "sglang-cache-aware", "lor"]),
-       cap=st.sampled_from([600, 1500, 5000]), cap_minus_one=st.booleans(), mixed=st.booleans(),
+       cap=st.sampled_from([600, 1500, 5000]), cap_minus_one=st.sampled_from([True, False, None]), mixed=st.booleans(),
        refresh=st.sampled_from([0.0, 0.05]))
 def test_indexed_prefix_hits_equal_each_replicas_cache(n, k, seed, router, cap, cap_minus_one, mixed, refresh) -> None:
     rng = np.random.default_rng(seed)
@@ -147,3 +150,22 @@ def test_the_replicas_reuse_the_hashes_the_router_computed() -> None:
         runs.append(c)
     assert runs[0].summary() == runs[1].summary()
     assert runs[0].placement.tolist() == runs[1].placement.tolist()
+
+
+def test_a_replica_with_priority_eviction_turns_the_bisection_off() -> None:
+    """A cache evicting by priority (Echo's task-aware order) may drop a block's ancestors first,
+    so the index stops bisecting prompts (its hits rest on every cache keeping chain ancestors)
+    and walks them; the hits stay each replica's own, at every arrival."""
+    rng = np.random.default_rng(3)
+    n = 40
+    prefix = [((int(g), 200), (100 + i, 16)) for i, g in enumerate(rng.integers(0, 3, n))]
+    wl = Workload(np.sort(rng.exponential(0.05, n).cumsum()), 216 + rng.integers(0, 30, n), rng.integers(1, 30, n),
+                  prefix=prefix)
+    r = Checking(make_router("llm-d"))
+    reps = [Replica(EngineConfig(kv_capacity_tokens=1500, block_size=16, overflow="preempt_lifo_recompute"),
+                    make_latency("linear:d0=0.01,d1=1e-6"), make_policy(p)) for p in ("vllm-v1", "vllm-v1", "echo")]
+    c = Cluster(wl, reps, r, seed=0, refresh_s=0.05)
+    assert c.block_holders().closed  # Echo installs its order when it first schedules
+    c.run()
+    assert len(r.hits) == n and not c.engines[2].kv.prefix_closed and not c.block_holders().closed
+    assert all(e.kv.prefix_closed for e in c.engines[:2])

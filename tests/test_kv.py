@@ -131,6 +131,9 @@ def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
             held = int(kv.shared[r])
             assert held == 0 or r in running
             assert set(kv.block_hashes(r)[:held]) <= cached
+            # plain LRU: a chain's cached blocks are a head of it (KVCache.prefix_closed)
+            flags = [h in cached for h in kv.block_hashes(r)]
+            assert kv.prefix_closed and flags == sorted(flags, reverse=True)
 
 
 def _reference_hashes(segs: tuple, bs: int) -> list[int]:
@@ -230,4 +233,7 @@ def test_lru_order_matches_an_ordered_dict_over_a_long_run():
             assert kv.next_evictions(10**6) == list(idle)
             assert set(kv.cached_hashes()) == set(ref) and kv.idle_blocks == len(idle)
             assert all(kv.references(h) == r for h, r in ref.items())
+            for r in range(n):  # plain LRU: a chain's cached blocks are a head of it (prefix_closed)
+                flags = [h in ref for h in kv.block_hashes(r)]
+                assert flags == sorted(flags, reverse=True)
     assert kv.evicted_blocks > 1000 and compactions > 10

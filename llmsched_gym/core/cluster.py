@@ -178,26 +178,16 @@ class ClusterView:
         if holders is not None:  # one walk of the prompt's blocks for every replica at once
             bs = int(self.block_size[0])
             hashes = self.block_hashes(rid, bs)
-            hold, alive, b = holders.holders, holders.all, 0
-            for b, hsh in enumerate(hashes):  # noqa: B007 (b is read after the loop)
-                still = alive & hold.get(hsh, 0)
-                if still != alive:
-                    gone = alive ^ still
-                    while gone:  # replicas whose match ends at block b
-                        low = gone & -gone
-                        out[low.bit_length() - 1] = b
-                        gone ^= low
-                    alive = still
-                    if not alive:
-                        break
+            mixed = holders.any_capped and not holders.all_capped
+            scale = (1, None) if mixed else (bs, cap if holders.all_capped else None)
+            if holders.closed:
+                _hits_by_bisection(out, hashes, holders.holders, holders.all, *scale)
             else:
-                b = len(hashes)
-            while alive:  # every block held
-                low = alive & -alive
-                out[low.bit_length() - 1] = b
-                alive ^= low
-            out *= bs
-            return np.minimum(out, cap, out=out, where=holders.capped) if holders.any_capped else out
+                _hits_by_walk(out, hashes, holders.holders, holders.all, *scale)
+            if mixed:  # some replicas cap hits at the prompt less one token, some do not
+                out *= bs
+                np.minimum(out, cap, out=out, where=holders.capped)
+            return out
         for r, e in enumerate(self._c.engines):
             kv = e.kv
             if kv.enabled:
@@ -218,13 +208,77 @@ class ClusterView:
         return need * self.block_size <= self.kv_capacity
 
 
+def _set_bits(out: np.ndarray, mask: int, value: int) -> None:
+    """``out[r] = value`` for every bit ``r`` set in ``mask``."""
+    if mask.bit_count() <= 8:
+        while mask:
+            low = mask & -mask
+            out[low.bit_length() - 1] = value
+            mask ^= low
+    else:
+        n = len(out)
+        bits = np.unpackbits(np.frombuffer(mask.to_bytes((n + 7) // 8, "little"), dtype=np.uint8),
+                             count=n, bitorder="little")
+        out[bits.view(bool)] = value
+
+
+def _hits_by_walk(out: np.ndarray, hashes: list[int], hold: dict[int, int], alive: int, bs: int,
+                  cap: int | None) -> None:
+    """Per replica (bit), the leading blocks of ``hashes`` it caches (``hold[hash]``: the replicas
+    caching that block), times ``bs`` and at most ``cap`` (``None``: uncapped); block by block
+    (any cache)."""
+    b = 0
+    for b, hsh in enumerate(hashes):  # noqa: B007 (b is read after the loop)
+        still = alive & hold.get(hsh, 0)
+        if still != alive:
+            if b:  # replicas whose match ends at block b
+                _set_bits(out, alive ^ still, b * bs if cap is None else min(b * bs, cap))
+            alive = still
+            if not alive:
+                return
+    else:
+        b = len(hashes)
+    _set_bits(out, alive, b * bs if cap is None else min(b * bs, cap))  # every block held
+
+
+def _hits_by_bisection(out: np.ndarray, hashes: list[int], hold: dict[int, int], alive: int, bs: int,
+                       cap: int | None) -> None:
+    """As :func:`_hits_by_walk` when every replica's cached blocks are closed under chain
+    ancestors (:attr:`KVCache.prefix_closed`): the replicas caching block ``b`` then shrink as
+    ``b`` grows, so each point where they change is found by bisection, O(changes x log blocks)
+    lookups instead of one per block."""
+    n = len(hashes)
+    if not n:
+        return
+    first = alive & hold.get(hashes[0], 0)
+    if not first:
+        return  # no replica holds block 0: every hit is 0
+    # spans (lo, s_lo, hi, s_hi): the holders of block lo and of block hi (n: past the end, none)
+    spans = [(0, first, n, 0)]
+    while spans:
+        lo, s_lo, hi, s_hi = spans.pop()
+        if hi - lo == 1:  # their match ends at block hi
+            _set_bits(out, s_lo & ~s_hi, hi * bs if cap is None else min(hi * bs, cap))
+            continue
+        mid = (lo + hi) >> 1
+        s_mid = alive & hold.get(hashes[mid], 0)
+        if s_mid != s_hi:
+            spans.append((mid, s_mid, hi, s_hi))
+        if s_mid != s_lo:
+            spans.append((lo, s_lo, mid, s_mid))
+
+
 class _Watch:
     """One replica's hook into :class:`_BlockHolders` (its bit)."""
 
-    __slots__ = ("holders", "bit", "keep")
+    __slots__ = ("index", "holders", "bit", "keep")
 
-    def __init__(self, holders: dict[int, int], bit: int) -> None:
-        self.holders, self.bit, self.keep = holders, bit, ~bit
+    def __init__(self, index: _BlockHolders, bit: int) -> None:
+        self.index, self.holders, self.bit, self.keep = index, index.holders, bit, ~bit
+
+    def opened(self) -> None:
+        """The cache is no longer closed under chain ancestors (a priority eviction order)."""
+        self.index.closed = False
 
     def cached(self, hsh: int) -> None:
         hold = self.holders
@@ -250,8 +304,12 @@ class _BlockHolders:
         self.all = (1 << len(engines)) - 1
         self.capped = np.array([e.kv.cap_prompt_minus_one for e in engines])
         self.any_capped = bool(self.capped.any())
+        self.all_capped = bool(self.capped.all())
+        self.closed = all(e.kv.prefix_closed for e in engines)
+        """Every replica's cached blocks are closed under chain ancestors (:attr:`KVCache.prefix_closed`,
+        plain LRU eviction; a cache that loses it tells its watch)."""
         for r, e in enumerate(engines):
-            w = e.kv.watch = _Watch(self.holders, 1 << r)
+            w = e.kv.watch = _Watch(self, 1 << r)
             for hsh in e.kv.cached_hashes():
                 w.cached(hsh)
 

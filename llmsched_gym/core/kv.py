@@ -131,6 +131,12 @@ class KVCache:
         self._lru: list[int] = []
         self._head = 0
         self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
+        self.prefix_closed = True
+        """Every cached block's chain ancestors are cached too, so a prompt's cached blocks are a
+        head of its hash list: true under plain LRU (a block's ancestors are held whenever it is,
+        go idle no earlier, and after it in the same release, so they are evicted after it);
+        false for good once a priority eviction order is installed (it may evict an ancestor
+        first). The cluster's prefix index uses it to find a prompt's hits by bisection."""
         self._ver = 0  # bumped when a block enters or leaves the cache (match results change)
         self._matched: dict[int, int] = {}  # rid -> match_blocks at version _matched_ver
         self._matched_ver = 0
@@ -138,7 +144,8 @@ class KVCache:
         self.evicted_blocks = 0
         self.watch: Any = None
         """Told of each block entering (``watch.cached(hash)``) and leaving (``watch.evicted(hash)``)
-        the cache: the cluster's index of which replica holds which block (``None``: nobody)."""
+        the cache, and when it stops being :attr:`prefix_closed` (``watch.opened()``): the
+        cluster's index of which replica holds which block (``None``: nobody)."""
         # priority eviction (None = LRU): idle hash -> (priority, release seq); lazy-deletion heap
         self._priority: Callable[[int], float] | None = None
         self._entry: dict[int, tuple[float, int]] = {}
@@ -394,6 +401,9 @@ class KVCache:
         self._priority = priority
         self._entry, self._heap, self._count = {}, [], {}
         if priority is not None:
+            self.prefix_closed = False
+            if self.watch is not None:
+                self.watch.opened()
             for hsh in self._idle_order():
                 self._push(hsh)
 
