@@ -36,6 +36,10 @@ _SHARED_PREFIXES = 512
 """Prompt heads (segment tuples) whose hash-chain state is kept (:func:`_chain_hashes`: the most
 recently used ones; older ones are recomputed when asked, with equal values)."""
 
+_LRU_SLACK = 16384
+"""Entries the LRU list may hold beyond twice the idle blocks before it is compacted (and a
+quarter of it: consumed entries before its head is trimmed)."""
+
 
 def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     """The chained block hashes of a prompt whose shareable head is ``segs`` (``(segment id,
@@ -122,14 +126,15 @@ class KVCache:
         self._hashes: dict[int, list[int]] = {}  # live requests' block hashes (dropped by forget)
         self._by_segments: OrderedDict[tuple, tuple] = OrderedDict()  # recent prefixes (_chain_hashes)
         # every cached block: ``_ref[hash]`` is its reference count (> 0) while running requests
-        # hold it, and ``-1 - i`` while it is idle, ``i`` its position in ``_lru``: the idle blocks
-        # in release order (LRU: the oldest from ``_head``), where entries of blocks referenced or
-        # released again since are stale (their position no longer matches) and skipped. One dict
-        # for both: a block's transitions touch one hash-table entry.
+        # hold it, and ``-1 - p`` while it is idle, ``p`` its position in the LRU list: ``_lru``
+        # holds the idle blocks in release order (oldest first from index ``_head``; ``p`` is
+        # ``_base`` + the index), ``None`` where a block left it (referenced again, or evicted by
+        # priority). One dict for both: a block's transitions touch one hash-table entry.
         self._ref: dict[int, int] = {}
         self._n_idle = 0
-        self._lru: list[int] = []
+        self._lru: list[int | None] = []
         self._head = 0
+        self._base = 0
         self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
         self.prefix_closed = True
         """Every cached block's chain ancestors are cached too, so a prompt's cached blocks are a
@@ -233,10 +238,11 @@ class KVCache:
         if m == 0:
             return 0
         hashes = self._block_hashes(rid)
-        ref, newly_used = self._ref, 0
+        ref, lru, base, newly_used = self._ref, self._lru, self._base, 0
         for hsh in (hashes if m == len(hashes) else hashes[:m]):
             r = ref[hsh]
-            if r < 0:
+            if r < 0:  # idle: it leaves the LRU list
+                lru[-1 - r - base] = None
                 ref[hsh] = 1
                 newly_used += 1
             else:
@@ -265,6 +271,7 @@ class KVCache:
                 if watch is not None:
                     watch.cached(hsh)
             elif r < 0:  # computed twice concurrently: share the existing block (idle), drop our copy
+                self._lru[-1 - r - self._base] = None
                 ref[hsh] = 1
                 self._unidled([hsh], 1, 1)
             else:  # the same, the block in use
@@ -281,10 +288,12 @@ class KVCache:
         hashes = self._block_hashes(rid)
         ref, lru, prio = self._ref, self._lru, self._priority
         n0 = len(lru)
+        p = -1 - self._base - n0  # the entry of the next block to go idle
         for hsh in reversed(hashes if held == len(hashes) else hashes[:held]):
             r = ref[hsh]
             if r == 1:
-                ref[hsh] = -1 - len(lru)
+                ref[hsh] = p
+                p -= 1
                 lru.append(hsh)
                 if prio is not None:
                     self._push(hsh)
@@ -294,7 +303,7 @@ class KVCache:
         self.used_blocks -= freed
         self._n_idle += freed
         self.shared[rid] = 0
-        if len(lru) > 2 * self._n_idle + 1024:
+        if len(lru) - self._head > 2 * self._n_idle + _LRU_SLACK:
             self._compact()
 
     def make_room(self, n_blocks: int) -> None:
@@ -308,18 +317,24 @@ class KVCache:
             if self._priority is None:
                 i = self._head
                 hsh = lru[i]
-                while ref.get(hsh) != -1 - i:  # stale entries: skipped
+                while hsh is None:  # blocks that left the list
                     i += 1
                     hsh = lru[i]
                 self._head = i + 1
             else:
                 hsh = self._pop_lowest()
+                lru[-1 - ref[hsh] - self._base] = None
             self._n_idle -= 1
             del ref[hsh]
             if self.watch is not None:
                 self.watch.evicted(hsh)
             self.evicted_blocks += 1
             excess -= 1
+        head = self._head
+        if head > _LRU_SLACK // 4 and 2 * head > len(lru):  # drop the consumed entries (positions unchanged)
+            del lru[:head]
+            self._base += head
+            self._head = 0
 
     # ---- queries for schedulers ----------------------------------------------------------
     def block_hashes(self, rid: int) -> list[int]:
@@ -441,13 +456,12 @@ class KVCache:
 
     def _idle_order(self) -> Iterator[int]:
         """The idle blocks, least recently released first."""
-        ref = self._ref
-        return (h for i, h in enumerate(self._lru[self._head:], self._head) if ref.get(h) == -1 - i)
+        return (h for h in islice(self._lru, self._head, None) if h is not None)
 
     def _compact(self) -> None:
-        """Drop the stale entries of the LRU list (amortised O(1) per release)."""
+        """Drop the ``None`` entries of the LRU list (amortised O(1) per block leaving it)."""
         lru = self._lru = list(self._idle_order())
-        self._head = 0
+        self._head = self._base = 0
         ref = self._ref
         for i, h in enumerate(lru):
             ref[h] = -1 - i
