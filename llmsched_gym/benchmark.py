@@ -2,7 +2,7 @@
 
 Every task fixes a scenario, its size and load, **the information entrants have** about output
 lengths, the metric it scores (and whether lower is better), the training seeds an agent may learn
-on, one validation seed and the test seeds every entrant is scored on. The protocol is the same for
+on, the validation seeds and the test seeds every entrant is scored on. The protocol is the same for
 everybody, so two users' results compare:
 
 * information: ``clairvoyant`` (true output lengths: the model of a paper that assumes them, or a
@@ -11,11 +11,17 @@ everybody, so two users' results compare:
   that needs more is listed as not applicable, with the reason;
 * every entrant runs on every test seed (the same workloads: paired);
 * the references are computed, not typed in: every registered baseline at its defaults (the best
-  one that completes every request is *the best baseline*); *the best static heuristic*, the best
+  one that completes every request is *the best baseline*); *the best static heuristic*, the
   member of the static family (queue order x batch former x ``max_num_seqs``,
-  :mod:`baselines.static`) on the validation seed, then scored on the test seeds; and *the
-  hindsight reference*, per test workload the best schedule found with everything known (the full
-  trace, true lengths: :mod:`llmsched_gym.hindsight`), never an entrant;
+  :mod:`baselines.static`) that does best over the five validation workloads (seeds 95-99): the
+  lowest mean over them of its metric divided by that workload's best member's, among the members
+  that complete every request on every one (:func:`rank_family`; ties by label), then scored on
+  the test seeds. One validation workload is not enough: on azure-conv-tail the member best on
+  seed 99 alone collapses on two of the ten test workloads. Agents still pick their best model
+  (``--best``) on one of these workloads, seed 99 (:data:`VALIDATION_SEED`, ``llmsched train``'s
+  validation score); and *the hindsight reference*, per test workload the best schedule found with
+  everything known (the full trace, true lengths: :mod:`llmsched_gym.hindsight`, starting from the
+  family's best three on seed 99), never an entrant;
 * the headroom of a task is ``(best static heuristic - hindsight) / best static heuristic``: how
   much any scheduler could still win over the best static policy. Under 5% the task is marked
   "no headroom";
@@ -29,16 +35,19 @@ everybody, so two users' results compare:
 * routing tasks (``routing=True``) decide which replica of a cluster serves each request (the
   decision of ``LLMSchedCluster-v0``): the scenario declares the cluster (``cluster:``) and every
   replica runs its scheduler. The references are the routers (:data:`baselines.routers.ROUTERS`,
-  each at its defaults); the best static router is the best of them on the validation seed; the
-  hindsight reference is, per test workload, the best router a search finds with the simulator
+  each at its defaults); the best static router is chosen among them as the static heuristic is,
+  over the validation workloads; the hindsight reference is, per test workload, the best router a search finds with the simulator
   (:func:`llmsched_gym.route_hindsight.route_hindsight`: llm-d's scorer weights and the load-signal
   refresh, ``ROUTE_HINDSIGHT_SIMS`` runs), never worse than any router's run there; agents trained
   on the task's scenario (``LLMSchedCluster-v0``) are entrants with their untrained start; the
   normalised score's zero point is round-robin.
 
-Outputs: ``results.json`` (everything, per seed), ``leaderboard.md`` and ``scores.png``.
-``--quick`` runs two tasks on small workloads, two seeds, a reduced static family and a short
-hindsight search (CI).
+Outputs: ``results.json`` (everything, per seed, the static family's values on every validation
+workload included), ``leaderboard.md`` and ``scores.png``. ``--quick`` runs two tasks on small
+workloads, two test and two validation seeds (98, 99), a reduced static family and a short hindsight
+search (CI). ``--reuse OLD/results.json`` takes every cell whose inputs are the same from an earlier
+run (same code: one cell per task runs again and must match exactly), so that a change to the
+protocol reruns only what it changes; the leaderboard says, per task, how many cells were taken.
 """
 
 from __future__ import annotations
@@ -60,8 +69,13 @@ from llmsched_gym.parallel import Cell, Settings, run_cells
 
 TRAIN_SEEDS = (1000, 1999)
 """Training workloads: seeds 1000 to 1999 (inclusive); never used for scoring."""
+VALIDATION_SEEDS = (95, 96, 97, 98, 99)
+"""The validation workloads on which each task's best static heuristic (a routing task's best static
+router) is chosen by :func:`rank_family`; disjoint from the training and the test seeds."""
+QUICK_VALIDATION_SEEDS = (98, 99)
 VALIDATION_SEED = 99
-"""The workload on which the best static heuristic is chosen (and agents pick their best model)."""
+"""The validation workload on which an agent picks its best model (``llmsched train``'s validation
+score, ``--best``): one of :data:`VALIDATION_SEEDS`."""
 TEST_SEEDS = tuple(range(100, 110))
 QUICK_TEST_SEEDS = (100, 101)
 NO_HEADROOM = 0.05
@@ -69,14 +83,14 @@ NO_HEADROOM = 0.05
 INFORMATION = ("clairvoyant", "predicted", "blind")
 HINDSIGHT_SIMS = 60
 """Search runs per test workload of the hindsight search (``--quick``: 12), after its starting
-candidates: the static family's best ``HINDSIGHT_START`` members on the validation seed, run with
-true lengths. About 20 s per 1000-request workload on one core."""
+candidates: the static family's best ``HINDSIGHT_START`` members on the validation seed
+``VALIDATION_SEED``, run with true lengths. About 20 s per 1000-request workload on one core."""
 QUICK_HINDSIGHT_SIMS = 12
 HINDSIGHT_START = 3
 ROUTE_HINDSIGHT_SIMS = 24
 """Search runs per test workload of a routing task's hindsight search (cluster simulations, 1-3 s
 each: :func:`llmsched_gym.route_hindsight.route_hindsight`), after its starting candidates, the
-``HINDSIGHT_START`` best routers on the validation seed (``--quick``: 8)."""
+``HINDSIGHT_START`` best routers on the validation seed ``VALIDATION_SEED`` (``--quick``: 8)."""
 QUICK_ROUTE_HINDSIGHT_SIMS = 8
 
 
@@ -381,7 +395,7 @@ def _task_entrants(task: Task, refs: list[str], chosen: dict | None, chosen_on: 
                    agents: list[str], best_model: bool, sims: int, top: list[dict] | None,
                    skip: Callable[[str, str, str], None]) -> list[_Entrant]:
     """The entrants of one task: the default-parameter baselines that apply to its information,
-    the static heuristic ``chosen`` on task ``chosen_on``'s validation seed, the extra ``policies``,
+    the static heuristic ``chosen`` on ``chosen_on`` (a task's validation workloads), the extra ``policies``,
     the ``agents`` trained on its scenario (with their untrained start where saved) and the
     hindsight search from ``top`` (the family's best few); what cannot run is ``skip``-ped with
     its reason."""
@@ -389,10 +403,10 @@ def _task_entrants(task: Task, refs: list[str], chosen: dict | None, chosen_on: 
 
     name = task.name
     entrants: list[_Entrant] = []
-    if task.routing:  # routers, the best of them on the validation seed, routing agents, the router search
+    if task.routing:  # routers, the best of them on the validation seeds, routing agents, the router search
         entrants += [_Entrant(task, "baseline", r, r, {}) for r in routers()]
         if chosen is not None:
-            entrants.append(_Entrant(task, "static", chosen, chosen, {"chosen_on": f"{chosen_on} seed {VALIDATION_SEED}"}))
+            entrants.append(_Entrant(task, "static", chosen, chosen, {"chosen_on": chosen_on}))
         for spec in policies:
             skip(name, _policy_label(spec), "a replica scheduler, not a router (this task scores routers)")
         entrants += _agent_entrants(task, agents, best_model, skip)
@@ -407,7 +421,7 @@ def _task_entrants(task: Task, refs: list[str], chosen: dict | None, chosen_on: 
             skip(name, ref, f"not applicable: {why}")
     if chosen is not None:
         entrants.append(_Entrant(task, "static", _policy_label(chosen), chosen,
-                                 {"chosen_on": f"{chosen_on} seed {VALIDATION_SEED}"}))
+                                 {"chosen_on": chosen_on}))
     for spec in policies:
         ok, why = applicable(spec, task.information)
         if ok:
@@ -415,7 +429,7 @@ def _task_entrants(task: Task, refs: list[str], chosen: dict | None, chosen_on: 
         else:
             skip(name, _policy_label(spec), f"not applicable: {why}")
     entrants += _agent_entrants(task, agents, best_model, skip)
-    if top is not None:  # the search starts from the family's best few on the validation seed
+    if top is not None:  # the search starts from the family's best few on the agents' validation seed
         entrants.append(_Entrant(task, "reference", "hindsight", top, {"sims": sims}))
     return entrants
 
@@ -463,12 +477,13 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
                   agents: list[str] | None = None, quick: bool = False, best_model: bool = False,
                   out: str | Path = "runs/benchmark", baselines: list[str] | None = None,
                   progress: Callable[[str], None] | None = None, settings: Settings | None = None,
-                  hindsight_sims: int | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
+                  hindsight_sims: int | None = None, seeds: list[int] | None = None,
+                  reuse: list[str | Path] | None = None) -> dict[str, Any]:
     """Score ``policies`` (extra parameterised baselines) and ``agents`` (run folders) on the suite.
 
     Three sweeps, each a list of cells run with ``settings`` (jobs, backend, progress bar;
     :mod:`llmsched_gym.parallel`), the results identical whatever the settings: the static family on
-    the validation seed (which picks each task's best static heuristic), then every entrant and the
+    the validation seeds (which picks each task's best static heuristic), then every entrant and the
     hindsight search on the test seeds. A baseline that cannot run a task (not applicable under the
     task's information, or failing) is listed with its reason; so is an entrant with a failing cell.
 
@@ -476,6 +491,10 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     :param baselines: the default-parameter references (default: every registered policy but ``static``).
     :param hindsight_sims: simulations per test workload of the hindsight search (0: none).
     :param seeds: the test seeds (default: the protocol's).
+    :param reuse: earlier ``results.json`` files whose cells are taken instead of run where the
+        inputs are the same (:func:`reusable_cells`: task definition, entrant, seed; the hindsight
+        search's starting candidates and runs); one cell per task runs anyway as a witness and must
+        give exactly the stored result. The results and the leaderboard say what was taken from where.
     :returns: the ``results.json`` content.
     """
     from baselines import available, validate_spec
@@ -490,41 +509,47 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     if unknown:
         raise ValueError(f"task: unknown {unknown[0]!r}; allowed: {', '.join(by_name)}")
     seeds = list(seeds or (QUICK_TEST_SEEDS if quick else TEST_SEEDS))
+    val_seeds = list(QUICK_VALIDATION_SEEDS if quick else VALIDATION_SEEDS)
     sims = hindsight_sims if hindsight_sims is not None else (QUICK_HINDSIGHT_SIMS if quick else HINDSIGHT_SIMS)
     if isinstance(sims, bool) or not isinstance(sims, int) or not 0 <= sims <= 100_000:
         raise ValueError(f"hindsight_sims: expected an integer in [0, 100000], got {sims!r}")
     route_sims = hindsight_sims if hindsight_sims is not None else (QUICK_ROUTE_HINDSIGHT_SIMS if quick
                                                                     else ROUTE_HINDSIGHT_SIMS)
     refs = baselines if baselines is not None else [b for b in available() if b != "static"]
+    cache = _load_reuse(reuse)
     results: dict[str, Any] = {"protocol": {"train_seeds": f"{TRAIN_SEEDS[0]}-{TRAIN_SEEDS[1]}",
-                                            "validation_seed": VALIDATION_SEED, "test_seeds": seeds,
+                                            "validation_seeds": val_seeds, "selection_rule": SELECTION_RULE,
+                                            "agent_validation_seed": VALIDATION_SEED, "test_seeds": seeds,
                                             "quick": quick, "env": ENV_ID, "hindsight_sims": sims,
                                             "route_hindsight_sims": route_sims,
-                                            "no_headroom_below": NO_HEADROOM},
+                                            "no_headroom_below": NO_HEADROOM, "best_model": best_model},
                                "tasks": {}}
 
     def skip(task: str, who: str, why: str) -> None:
         results.setdefault("skipped", {}).setdefault(task, {})[who] = why
 
-    # 1. the static family on the validation seed: each task's best static heuristic
+    # 1. the static family on the validation seeds: each task's best static heuristic
     chooser = {n: by_name[n].trained_on or n for n in names}
     static = _choose_static([by_name[c] for c in sorted(set(chooser.values()))], static_family, quick, settings,
-                            results)
+                            results, val_seeds, cache)
     # 2. every entrant and the hindsight search on the test seeds
     entrants: list[_Entrant] = []
     for name in names:
         chosen = static.get(chooser[name])
         n_sims = route_sims if by_name[name].routing else sims
         top = results["static_family"][chooser[name]]["top"] if n_sims and chosen is not None else None
-        entrants += _task_entrants(by_name[name], refs, chosen, chooser[name], policies, agents or [], best_model,
-                                   n_sims, top, skip)
+        on = f"{chooser[name]} seeds {', '.join(map(str, val_seeds))}"
+        entrants += _task_entrants(by_name[name], refs, chosen, on, policies, agents or [], best_model, n_sims, top,
+                                   skip)
     cells: list[Cell] = []
     for e in entrants:
         for seed in seeds:
             e.cells.append(len(cells))
             cells.append(_cell(e, seed, quick, best_model, sims))
-    outcomes = run_cells(cells, _run_cell, settings, label="benchmark")
+    outcomes = _run_stage(cells, settings, "benchmark", cache, "test")
     _retry_fcfs(entrants, outcomes, seeds, quick, best_model, settings, results)
+    if cache is not None:
+        results["reuse"] = {"from": cache.paths, "witnesses": cache.witnesses, "cells": cache.counts}
     for name in names:
         task = by_name[name]
         entries = _entries(name, [e for e in entrants if e.task.name == name], outcomes, skip)
@@ -544,34 +569,237 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     return results
 
 
+SELECTION_RULE = ("the member with the lowest mean, over the validation workloads, of its metric divided by that "
+                  "workload's best member's (higher-is-better metrics: the highest mean), among the members that "
+                  "complete every request on every validation workload; ties by label")
+"""How :func:`rank_family` picks the best static heuristic (said in ``results.json`` and the leaderboard)."""
+
+
+def rank_family(values: dict[str, list[float]], completed: dict[str, list[bool]],
+                lower_is_better: bool = True) -> list[tuple[str, float]]:
+    """The members of a family ranked for the best static heuristic over several validation workloads.
+
+    A member is eligible when it completes every request on every workload (``completed``) with a
+    finite metric. On each workload ``j`` the eligible members' best value ``b_j`` is the reference,
+    and a member's score is the mean over workloads of ``v_j / b_j``: the per-workload ratio to the
+    family's best, which is how the leaderboard's paired differences (``(mine - theirs) / theirs``)
+    compare entrants. Dividing by each workload's best keeps a heavy workload from outweighing the
+    others, and a member that collapses on one workload pays its whole ratio there, however well it
+    does on the rest (a single validation workload cannot show that). Lower is better: the lowest
+    mean first (1.0 = the best on every workload); higher is better: the highest mean first. A
+    ratio ``0 / 0`` counts 1; ``v / 0`` with ``v > 0`` counts infinite. Ties keep the label order,
+    so the ranking is deterministic.
+
+    >>> rank_family({"a": [10.0, 100.0], "b": [11.0, 12.0], "c": [9.0, 10.0]},  # doctest: +ELLIPSIS
+    ...             {"a": [True, True], "b": [True, True], "c": [True, False]})
+    [('b', 1.05), ('a', 4.666...)]
+
+    :param values: the metric of each member (by label) on each validation workload, in one order.
+    :param completed: whether each of those runs completed every request.
+    :returns: ``(label, mean ratio)`` of the eligible members, the best first.
+    """
+    ok = sorted(m for m, v in values.items() if all(completed[m]) and v and all(np.isfinite(v)))
+    if not ok:
+        return []
+    pick = min if lower_is_better else max
+    best = [pick(values[m][j] for m in ok) for j in range(len(values[ok[0]]))]
+
+    def ratio(v: float, b: float) -> float:
+        return 1.0 if v == b else v / b if b else math.inf
+
+    score = {m: float(np.mean([ratio(v, b) for v, b in zip(values[m], best, strict=True)])) for m in ok}
+    sign = 1.0 if lower_is_better else -1.0
+    return sorted(((m, score[m]) for m in ok), key=lambda x: (sign * x[1], x[0]))
+
+
 def _choose_static(tasks: list[Task], family: Callable[[str], list[dict]], quick: bool, settings: Settings | None,
-                   results: dict[str, Any]) -> dict[str, dict]:
-    """Each task's best static heuristic: the family member with the best metric on the validation
-    seed among those that complete every request (the scores are kept in ``results``)."""
+                   results: dict[str, Any], seeds: list[int], reuse: _Reuse | None = None) -> dict[str, dict]:
+    """Each task's best static heuristic: the family member (routers for a routing task) ranked
+    first by :func:`rank_family` on the validation workloads ``seeds``; every member's values are
+    kept in ``results["static_family"]``, with ``top``, the hindsight search's starting candidates:
+    the best ``HINDSIGHT_START`` members on the agents' validation workload :data:`VALIDATION_SEED`
+    alone (a start for a search that runs on each test workload with everything known, not a choice
+    of reference: it does not move with the selection rule, and the reference is floored by the
+    chosen static heuristic's run on each test workload anyway, :func:`_hindsight_floor`)."""
     specs: dict[str, list] = {t.name: routers() if t.routing else _quick_family(family(t.information)) if quick
                               else family(t.information) for t in tasks}
-    cells = [Cell(f"{t.name}: {_policy_label(s)} seed {VALIDATION_SEED}",
+    cells = [Cell(f"{t.name}: {_policy_label(s)} seed {seed}",
                   ("router" if t.routing else "policy",
-                   (t, s, VALIDATION_SEED, {**t.overrides, **(t.quick_overrides if quick else {})})))
-             for t in tasks for s in specs[t.name]]
-    outcomes = run_cells(cells, _run_cell, settings, label="benchmark: static family on the validation seed")
+                   (t, s, seed, {**t.overrides, **(t.quick_overrides if quick else {})})))
+             for t in tasks for s in specs[t.name] for seed in seeds]
+    outcomes = iter(_run_stage(cells, settings, "benchmark: static family on the validation seeds", reuse,
+                               "validation"))
     chosen: dict[str, dict] = {}
-    k = 0
     for t in tasks:
-        scores = []
-        for s in specs[t.name]:
-            o = outcomes[k]
-            k += 1
-            if o.ok and o.value[1] and np.isfinite(o.value[0]):
-                scores.append((_sign(t) * o.value[0], _policy_label(s), s, o.value[0]))
-        if scores:
-            scores.sort(key=lambda x: (x[0], x[1]))
-            chosen[t.name] = scores[0][2]
+        by_label = {_policy_label(s): s for s in specs[t.name]}
+        values: dict[str, list[float]] = {}
+        completed: dict[str, list[bool]] = {}
+        for label in by_label:
+            got = [next(outcomes) for _ in seeds]
+            values[label] = [float(o.value[0]) if o.ok else math.nan for o in got]
+            completed[label] = [bool(o.ok and o.value[1]) for o in got]
+        ranked = rank_family(values, completed, t.lower_is_better)
+        j = seeds.index(VALIDATION_SEED) if VALIDATION_SEED in seeds else len(seeds) - 1
+        start = rank_family({m: v[j:j + 1] for m, v in values.items()}, {m: c[j:j + 1] for m, c in completed.items()},
+                            t.lower_is_better)[:HINDSIGHT_START]
+        if ranked:
+            chosen[t.name] = by_label[ranked[0][0]]
             results.setdefault("static_family", {})[t.name] = {
-                "validation_seed": VALIDATION_SEED, "chosen": scores[0][1], "size": len(specs[t.name]),
-                "top": [spec for _, _, spec, _ in scores[:HINDSIGHT_START]],
-                "scores": {label: v for _, label, _, v in scores}}
+                "task": asdict(t), "validation_seeds": list(seeds), "rule": SELECTION_RULE, "chosen": ranked[0][0],
+                "size": len(specs[t.name]), "top": [by_label[m] for m, _ in start], "top_on_seed": seeds[j],
+                "scores": dict(ranked), "values": values, "completed": completed}
     return chosen
+
+
+def _cell_key(args: tuple) -> str:
+    """What a cell's result depends on, as a string: the task's scenario, metric and direction, the
+    scenario overrides, the entrant (a policy or router by label, an agent by path and model, the
+    hindsight search by its starting candidates and runs) and the seed. Two cells with the same key
+    run the same simulation."""
+    kind, rest = args
+    task = rest[0]
+    ident = _task_ident(asdict(task) if isinstance(task, Task) else task)
+    if kind in ("policy", "router"):
+        _, spec, seed, overrides = rest
+        parts: list[Any] = [kind, _policy_label(spec), seed, overrides]
+    elif kind == "agent":
+        _, path, best, seed, overrides = rest
+        parts = [kind, str(path), best, seed, overrides]
+    else:
+        _, seed, overrides, start, sims = rest
+        parts = [kind, start, sims, seed, overrides]
+    return json.dumps([*ident, *parts], sort_keys=True, default=str)
+
+
+def _task_ident(task: dict[str, Any]) -> list[Any]:
+    return [task["name"], task["scenario"], task["metric"], task["lower_is_better"], task.get("routing", False)]
+
+
+def reusable_cells(results: dict[str, Any]) -> dict[str, tuple]:
+    """The cell results a ``results.json`` holds, keyed by :func:`_cell_key`: every complete test-seed
+    row of a policy, router or static heuristic, the hindsight search per test workload (by its
+    starting candidates), agents and starts (when the results say which model ran) and the static
+    family on the validation workloads. Keys are built from the task definitions stored in the
+    results, so a task whose scenario, overrides or metric changed since matches nothing.
+    Incomplete rows and FCFS runs retried with another overflow handler are left out (they run again)."""
+    p = results["protocol"]
+    quick = bool(p.get("quick"))
+    cache: dict[str, tuple] = {}
+
+    def over(t: dict[str, Any]) -> dict[str, Any]:
+        return {**t["overrides"], **(t.get("quick_overrides", {}) if quick else {})}
+
+    stored = {name: r["task"] for name, r in results.get("tasks", {}).items()}
+    for name, fam in results.get("static_family", {}).items():
+        t = fam.get("task") or stored.get(name)
+        if t is None:
+            continue
+        kind = "router" if t.get("routing") else "policy"
+        if "values" in fam:
+            seeds, values, done = fam["validation_seeds"], fam["values"], fam["completed"]
+        else:  # one validation seed: the scores of the members that completed every request
+            seeds = [fam["validation_seed"]]
+            values = {m: [v] for m, v in fam["scores"].items()}
+            done = {m: [True] for m in values}
+        for label, vs in values.items():
+            for seed, v, c in zip(seeds, vs, done[label], strict=True):
+                if np.isfinite(v):
+                    cache[_cell_key((kind, (t, label, seed, over(t))))] = (v, c)
+    seeds = p["test_seeds"]
+    for name, r in results.get("tasks", {}).items():
+        t = r["task"]
+        kind = "router" if t.get("routing") else "policy"
+        for row in r["rows"]:
+            if len(row["values"]) != len(seeds):
+                continue
+            if row["kind"] in ("baseline", "static", "policy"):
+                if not row["complete"] or (name in results.get("notes", {}) and row["name"] == t.get("zero", "fcfs")):
+                    continue
+                for seed, v in zip(seeds, row["values"], strict=True):
+                    cache[_cell_key((kind, (t, row["name"], seed, over(t))))] = (v, True)
+            elif row["kind"] == "reference":
+                fam = results.get("static_family", {}).get(t.get("trained_on") or name)
+                sims = p.get("route_hindsight_sims" if t.get("routing") else "hindsight_sims")
+                search = row["params"].get("search", [])
+                if fam is None or sims is None or len(search) != len(seeds):
+                    continue
+                for seed, found in zip(seeds, search, strict=True):
+                    details = {k: found[k] for k in ("n_sims", "wall_time_s", "start_value", "spec")}
+                    cache[_cell_key(("reference", (t, seed, over(t), fam["top"], row["params"].get("sims", sims))))] = (
+                        found["value"], details)
+            elif row["kind"] in ("agent", "start") and "best_model" in p and row["complete"]:
+                best = "start" if row["kind"] == "start" else p["best_model"]
+                for seed, v in zip(seeds, row["values"], strict=True):
+                    cache[_cell_key(("agent", (t, row["params"]["path"], best, seed, over(t))))] = (v, True, row["name"])
+    return cache
+
+
+@dataclass
+class _Reuse:
+    """Earlier results to take cells from (``--reuse``), and what was taken."""
+
+    paths: list[str]
+    cache: dict[str, tuple]
+    witnessed: set[str] = field(default_factory=set)
+    counts: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    witnesses: list[str] = field(default_factory=list)
+
+
+def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: _Reuse | None,
+               stage: str) -> list[Any]:
+    """``run_cells`` over ``cells``, taking each cell that ``reuse`` holds from it instead of running
+    it. For every task one of the cells taken (a policy's or router's, the cheapest kind) runs anyway
+    as a witness: if it does not give exactly the stored result the code has changed since, and the
+    benchmark stops with an error rather than mix the two."""
+    from llmsched_gym.parallel import Outcome
+
+    if reuse is None or not reuse.cache:
+        return run_cells(cells, _run_cell, settings, label=label)
+    keys = [_cell_key(c.args) for c in cells]
+    run = []
+    for i, (c, k) in enumerate(zip(cells, keys, strict=True)):
+        task = c.args[1][0].name
+        got = reuse.counts.setdefault(stage, {}).setdefault(task, [0, 0])
+        got[1] += 1
+        if k not in reuse.cache:
+            run.append(i)
+            continue
+        got[0] += 1
+        if task not in reuse.witnessed and c.args[0] in ("policy", "router"):
+            reuse.witnessed.add(task)
+            reuse.witnesses.append(c.name)
+            run.append(i)
+    outcomes: list[Any] = [Outcome(c.name, reuse.cache.get(k)) for c, k in zip(cells, keys, strict=True)]
+    for i, o in zip(run, run_cells([cells[i] for i in run], _run_cell, settings, label=label), strict=True):
+        if keys[i] in reuse.cache and (not o.ok or tuple(o.value) != tuple(reuse.cache[keys[i]])):
+            raise ValueError(f"reuse: {cells[i].name} gives {o.value if o.ok else o.error} now but "
+                             f"{reuse.cache[keys[i]]} in {', '.join(reuse.paths)}: the code changed since; "
+                             "run without --reuse")
+        outcomes[i] = o
+    return outcomes
+
+
+def _load_reuse(paths: list[str | Path] | None) -> _Reuse | None:
+    """The cells of the ``results.json`` files ``paths`` (a folder means its ``results.json``); two
+    files that disagree on a cell are an error."""
+    if not paths:
+        return None
+    cache: dict[str, tuple] = {}
+    names = []
+    for path in paths:
+        f = Path(path) / "results.json" if Path(path).is_dir() else Path(path)
+        if not f.is_file():
+            raise ValueError(f"reuse: {path}: no such results.json")
+        try:
+            cells = reusable_cells(json.loads(f.read_text()))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"reuse: {f}: not a benchmark results.json ({type(err).__name__}: {err})") from None
+        for k, v in cells.items():
+            if k in cache and tuple(cache[k]) != tuple(v):
+                raise ValueError(f"reuse: {f} and {', '.join(names)} disagree on the cell {k}")
+            cache[k] = v
+        names.append(str(f))
+    return _Reuse(names, cache)
 
 
 def _quick_family(specs: list[dict]) -> list[dict]:
@@ -657,11 +885,53 @@ def _paired_cell(row: dict[str, Any], key: str, ci: str, verdict: str) -> str:
 
 
 ROUTING_NOTE = ("A routing task: the entrants are routers (each at its defaults) and routing agents "
-                "(LLMSchedCluster-v0) in front of the scenario's replicas; the best static heuristic is the best "
-                "router on the validation seed; hindsight is, per test workload, the best router found by a search "
-                "with the simulator (the best three routers on the validation seed, then the cross-entropy method "
+                "(LLMSchedCluster-v0) in front of the scenario's replicas; the best static heuristic is the router "
+                "chosen over the validation seeds (the same rule as the static family's); hindsight is, per test "
+                "workload, the best router found by a search with the simulator (the best three routers on the "
+                "agents' validation seed, then the cross-entropy method "
                 "over llm-d's scorer weights and exact or stale load signals: llmsched_gym/route_hindsight.py), "
                 "never worse than any router's run there; normalised 0 = round-robin.")
+
+
+def _seeds(p: dict[str, Any]) -> str:
+    seeds = p.get("validation_seeds", [p.get("validation_seed")])
+    return ", ".join(map(str, seeds))
+
+
+def _choice_lines(results: dict[str, Any], name: str) -> list[str]:
+    """How the task's best static heuristic was chosen: the top of the ranking over the validation
+    seeds, with the member that seed 99 alone would have chosen where it differs."""
+    t = results["tasks"][name]["task"]
+    fam = results.get("static_family", {}).get(t.get("trained_on") or name)
+    if not fam or "values" not in fam:
+        return []
+    ranked = list(fam["scores"].items())[:3]
+    j = fam["validation_seeds"].index(fam["top_on_seed"])
+    alone = rank_family({m: v[j:j + 1] for m, v in fam["values"].items()},
+                        {m: c[j:j + 1] for m, c in fam["completed"].items()}, t["lower_is_better"])
+    where = f" on {t['trained_on']}'s" if t.get("trained_on") else ""
+    line = (f"Chosen{where} validation seeds {', '.join(map(str, fam['validation_seeds']))} (mean ratio to each "
+            "seed's best member): " + "; ".join(f"{m} {v:.3f}" for m, v in ranked) + ".")
+    if alone and alone[0][0] != fam["chosen"]:
+        line += f" Seed {fam['top_on_seed']} alone would choose {alone[0][0]} (mean ratio {fam['scores'][alone[0][0]]:.3f})."
+    counts = results.get("reuse", {}).get("cells", {})
+    test = counts.get("test", {}).get(name)
+    if test:
+        line += f" Test-seed cells taken from an earlier run (same inputs): {test[0]} of {test[1]}."
+    return [line, ""]
+
+
+def _reuse_lines(results: dict[str, Any]) -> list[str]:
+    reuse = results.get("reuse")
+    if not reuse:
+        return []
+    n = sum(c[0] for stage in reuse["cells"].values() for c in stage.values())
+    total = sum(c[1] for stage in reuse["cells"].values() for c in stage.values())
+    return [f"Reused: {n} of {total} cells (simulations, searches, agent episodes) were taken from "
+            f"{', '.join(reuse['from'])}, where their inputs (task, entrant, seed; the hindsight search's starting "
+            f"candidates and runs) are the same; the rest ran now. Witnesses: {len(reuse['witnesses'])} taken cells "
+            "(one per task) ran again and gave exactly the stored results. Each task says how many of its "
+            "test-seed cells were taken.", ""]
 
 
 def summary_table(results: dict[str, Any]) -> list[str]:
@@ -682,21 +952,25 @@ def leaderboard(results: dict[str, Any]) -> str:
     p = results["protocol"]
     lines = ["# llmsched benchmark", "",
              f"Environment {p.get('env', '?')}. Test seeds {p['test_seeds']} (paired: every entrant runs the same "
-             f"workloads), validation seed {p['validation_seed']}, training seeds {p['train_seeds']}"
+             f"workloads), validation seeds {_seeds(p)} (agents pick their best model on seed "
+             f"{p.get('agent_validation_seed', p.get('validation_seed'))}), training seeds {p['train_seeds']}"
              + (" (quick sizes)." if p["quick"] else "."),
              "Information: what every entrant (and the env's observation) knows of output lengths: `clairvoyant` "
              "(true lengths, an oracle), `predicted` (a predictor with a stated error), `blind` (none). "
-             "Best static heuristic: the best of the static family (queue order x batch former x max_num_seqs) "
-             "on the validation seed. Hindsight: per test workload the best schedule found with everything known "
-             f"(search with the simulator, {p.get('hindsight_sims', '?')} simulations; a reference, never an "
-             "entrant). Headroom = (best static heuristic - hindsight) / best static heuristic; under "
+             "Best static heuristic: the member of the static family (queue order x batch former x max_num_seqs) "
+             f"chosen on the validation seeds: {p.get('selection_rule', 'the best on the validation seed')}. "
+             "Hindsight: per test workload the best schedule found with everything known "
+             f"(search with the simulator from the family's best three on seed "
+             f"{p.get('agent_validation_seed', p.get('validation_seed'))}, {p.get('hindsight_sims', '?')} "
+             "simulations; a reference, never an entrant; never worse than a reference policy's run there). "
+             "Headroom = (best static heuristic - hindsight) / best static heuristic; under "
              f"{100 * p.get('no_headroom_below', NO_HEADROOM):.0f}% a task has no headroom.", "",
              *summary_table(results), "",
              "Per task: mean ± 95% t-interval; paired = the per-seed relative difference, mean ± 95% t-interval, "
              "and the verdict (better / worse / tie when the interval includes 0). Normalised score: 0 = fcfs, "
              "1 = the best baseline at its defaults. An agent's `learned` line compares it with its own untrained "
              "start. Incomplete runs are listed last and never chosen as references. `(= X)`: identical to X on "
-             "every test seed.", ""]
+             "every test seed.", "", *_reuse_lines(results)]
     notes = results.get("notes", {})
     for name, r in results["tasks"].items():
         t = r["task"]
@@ -710,7 +984,8 @@ def leaderboard(results: dict[str, Any]) -> str:
                   f"({r['best_static_mean']:.4g}); best baseline **{r['best_baseline']}** ({r['best_baseline_mean']:.4g}); "
                   f"{r.get('zero', 'fcfs')} {r['fcfs_mean']:.4g}; headroom {_pct(r['headroom'])}"
                   + (" (no headroom)." if r.get("no_headroom") else "."), "",
-                  *note, "| entrant | kind | mean ± 95% CI | vs best baseline | vs best static | normalised |",
+                  *_choice_lines(results, name), *note,
+                  "| entrant | kind | mean ± 95% CI | vs best baseline | vs best static | normalised |",
                   "|---|---|---|---|---|---|"]
         learned = []
         for row in r["rows"]:

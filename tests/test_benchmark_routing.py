@@ -35,12 +35,12 @@ def test_routing_task_references_static_router_and_floor(routed):
     r = res["tasks"]["route-prefix-groups"]
     rows = {row["name"]: row for row in r["rows"] if row["kind"] == "baseline"}
     assert set(rows) == set(routers())
-    # the best static router: the best on the validation seed, then scored on the test seeds
+    # the best static router: ranked first over the validation seeds, then scored on the test seeds
     fam = res["static_family"]["route-prefix-groups"]
     assert fam["chosen"] == min(fam["scores"], key=lambda k: (fam["scores"][k], k)) == r["best_static"]
     static = next(row for row in r["rows"] if row["kind"] == "static")
     assert static["values"] == rows[r["best_static"]]["values"]
-    # hindsight: per test workload the router search from the best three on the validation seed, never worse
+    # hindsight: per test workload the router search from the best three on seed 99, never worse
     # than any router's run there
     ref = next(row for row in r["rows"] if row["kind"] == "reference")
     assert all(ref["values"][j] <= min(row["values"][j] for row in rows.values()) for j in range(2))

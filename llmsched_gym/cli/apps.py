@@ -39,7 +39,7 @@ def cmd_benchmark(args: argparse.Namespace) -> int:
         seeds = parse_seeds(args.seeds)
     results = run_benchmark(args.task, policies, args.agent, quick=args.quick, best_model=args.best, out=args.out,
                             progress=say, settings=settings_from(args, progress=not args.quiet),
-                            hindsight_sims=args.hindsight_sims, seeds=seeds)
+                            hindsight_sims=args.hindsight_sims, seeds=seeds, reuse=args.reuse)
     if not args.quiet:
         print(f"leaderboard: {Path(args.out) / 'leaderboard.md'} ({results['wall_s']:.0f}s)")
     return 0
@@ -103,6 +103,9 @@ def add_subcommands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
                     help="test seeds instead of the protocol's 100-109 (results then do not compare with others')")
     sp.add_argument("--hindsight-sims", type=int, default=None, metavar="N",
                     help="simulations per test workload of the hindsight search (default 60; 0: no reference)")
+    sp.add_argument("--reuse", action="append", metavar="RESULTS",
+                    help="an earlier run's results.json (or its folder): take every cell whose inputs are the same "
+                         "instead of running it; one per task runs again and must match (repeatable)")
     sp.add_argument("--out", default="runs/benchmark", help="output folder")
     sp.add_argument("--quiet", action="store_true", help="print no progress")
     add_parallel_arguments(sp)
