@@ -748,8 +748,9 @@ class _Reuse:
 def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: _Reuse | None,
                stage: str) -> list[Any]:
     """``run_cells`` over ``cells``, taking each cell that ``reuse`` holds from it instead of running
-    it. For every task one of the cells taken (a policy's or router's, the cheapest kind) runs anyway
-    as a witness: if it does not give exactly the stored result the code has changed since, and the
+    it. Witnesses run anyway: for every task one of the cells taken (a policy's or router's, the
+    cheapest kind), and the first hindsight search and the first agent episode taken. If one does not
+    give exactly the stored result (a search's wall time aside) the code has changed since, and the
     benchmark stops with an error rather than mix the two."""
     from llmsched_gym.parallel import Outcome
 
@@ -765,18 +766,26 @@ def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: 
             run.append(i)
             continue
         got[0] += 1
-        if task not in reuse.witnessed and c.args[0] in ("policy", "router"):
-            reuse.witnessed.add(task)
+        who = task if c.args[0] in ("policy", "router") else c.args[0]
+        if who not in reuse.witnessed:
+            reuse.witnessed.add(who)
             reuse.witnesses.append(c.name)
             run.append(i)
     outcomes: list[Any] = [Outcome(c.name, reuse.cache.get(k)) for c, k in zip(cells, keys, strict=True)]
     for i, o in zip(run, run_cells([cells[i] for i in run], _run_cell, settings, label=label), strict=True):
-        if keys[i] in reuse.cache and (not o.ok or tuple(o.value) != tuple(reuse.cache[keys[i]])):
+        if keys[i] in reuse.cache and (not o.ok or _comparable(o.value) != _comparable(reuse.cache[keys[i]])):
             raise ValueError(f"reuse: {cells[i].name} gives {o.value if o.ok else o.error} now but "
                              f"{reuse.cache[keys[i]]} in {', '.join(reuse.paths)}: the code changed since; "
                              "run without --reuse")
         outcomes[i] = o
     return outcomes
+
+
+def _comparable(value: tuple) -> str:
+    """A cell's result as stored in ``results.json`` (JSON types), without a search's wall time."""
+    if len(value) == 2 and isinstance(value[1], dict):
+        value = (value[0], {k: v for k, v in value[1].items() if k != "wall_time_s"})
+    return json.dumps(value, sort_keys=True, default=float)
 
 
 def _load_reuse(paths: list[str | Path] | None) -> _Reuse | None:
