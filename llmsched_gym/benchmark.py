@@ -516,7 +516,7 @@ def run_benchmark(tasks: list[str] | None = None, policies: list[str | dict] | N
     route_sims = hindsight_sims if hindsight_sims is not None else (QUICK_ROUTE_HINDSIGHT_SIMS if quick
                                                                     else ROUTE_HINDSIGHT_SIMS)
     refs = baselines if baselines is not None else [b for b in available() if b != "static"]
-    cache = _load_reuse(reuse)
+    cache = _load_reuse(reuse, best_model)
     results: dict[str, Any] = {"protocol": {"train_seeds": f"{TRAIN_SEEDS[0]}-{TRAIN_SEEDS[1]}",
                                             "validation_seeds": val_seeds, "selection_rule": SELECTION_RULE,
                                             "agent_validation_seed": VALIDATION_SEED, "test_seeds": seeds,
@@ -675,14 +675,19 @@ def _task_ident(task: dict[str, Any]) -> list[Any]:
     return [task["name"], task["scenario"], task["metric"], task["lower_is_better"], task.get("routing", False)]
 
 
-def reusable_cells(results: dict[str, Any]) -> dict[str, tuple]:
+def reusable_cells(results: dict[str, Any], best_model: bool | None = None) -> dict[str, tuple]:
     """The cell results a ``results.json`` holds, keyed by :func:`_cell_key`: every complete test-seed
     row of a policy, router or static heuristic, the hindsight search per test workload (by its
     starting candidates), agents and starts (when the results say which model ran) and the static
     family on the validation workloads. Keys are built from the task definitions stored in the
     results, so a task whose scenario, overrides or metric changed since matches nothing.
-    Incomplete rows and FCFS runs retried with another overflow handler are left out (they run again)."""
+    Incomplete rows and FCFS runs retried with another overflow handler are left out (they run again).
+
+    :param best_model: which model the agent rows ran (``--best`` or not) where the results do not
+        say (results written before the protocol recorded it); ``None``: their agent rows are left out.
+    """
     p = results["protocol"]
+    best_model = p.get("best_model", best_model)
     quick = bool(p.get("quick"))
     cache: dict[str, tuple] = {}
 
@@ -727,8 +732,8 @@ def reusable_cells(results: dict[str, Any]) -> dict[str, tuple]:
                     details = {k: found[k] for k in ("n_sims", "wall_time_s", "start_value", "spec")}
                     cache[_cell_key(("reference", (t, seed, over(t), fam["top"], row["params"].get("sims", sims))))] = (
                         found["value"], details)
-            elif row["kind"] in ("agent", "start") and "best_model" in p and row["complete"]:
-                best = "start" if row["kind"] == "start" else p["best_model"]
+            elif row["kind"] in ("agent", "start") and best_model is not None and row["complete"]:
+                best = "start" if row["kind"] == "start" else best_model
                 for seed, v in zip(seeds, row["values"], strict=True):
                     cache[_cell_key(("agent", (t, row["params"]["path"], best, seed, over(t))))] = (v, True, row["name"])
     return cache
@@ -749,7 +754,8 @@ def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: 
                stage: str) -> list[Any]:
     """``run_cells`` over ``cells``, taking each cell that ``reuse`` holds from it instead of running
     it. Witnesses run anyway: for every task one of the cells taken (a policy's or router's, the
-    cheapest kind), and the first hindsight search and the first agent episode taken. If one does not
+    cheapest kind), the first hindsight search taken and the first episode taken of each agent and
+    each untrained start (an agent's model is the best or the final one). If one does not
     give exactly the stored result (a search's wall time aside) the code has changed since, and the
     benchmark stops with an error rather than mix the two."""
     from llmsched_gym.parallel import Outcome
@@ -766,7 +772,8 @@ def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: 
             run.append(i)
             continue
         got[0] += 1
-        who = task if c.args[0] in ("policy", "router") else c.args[0]
+        who = (task if c.args[0] in ("policy", "router") else
+               f"agent {c.args[1][1]} {c.args[1][2]}" if c.args[0] == "agent" else c.args[0])
         if who not in reuse.witnessed:
             reuse.witnessed.add(who)
             reuse.witnesses.append(c.name)
@@ -788,9 +795,10 @@ def _comparable(value: tuple) -> str:
     return json.dumps(value, sort_keys=True, default=float)
 
 
-def _load_reuse(paths: list[str | Path] | None) -> _Reuse | None:
+def _load_reuse(paths: list[str | Path] | None, best_model: bool) -> _Reuse | None:
     """The cells of the ``results.json`` files ``paths`` (a folder means its ``results.json``); two
-    files that disagree on a cell are an error."""
+    files that disagree on a cell are an error. A file that does not say which model its agents ran
+    is taken to have run this run's (``best_model``): the agent's witness episode checks it."""
     if not paths:
         return None
     cache: dict[str, tuple] = {}
@@ -800,7 +808,7 @@ def _load_reuse(paths: list[str | Path] | None) -> _Reuse | None:
         if not f.is_file():
             raise ValueError(f"reuse: {path}: no such results.json")
         try:
-            cells = reusable_cells(json.loads(f.read_text()))
+            cells = reusable_cells(json.loads(f.read_text()), best_model)
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"reuse: {f}: not a benchmark results.json ({type(err).__name__}: {err})") from None
         for k, v in cells.items():

@@ -8,7 +8,7 @@
    and the batch is formed like Sarathi-Serve's with a 256-token prefill budget); its untrained
    start is saved beside it, and the model with the best validation score is kept;
 2. ``llmsched benchmark``'s task for the scenario, on its held-out test seeds: the hindsight
-   reference, the best static heuristic (chosen on the validation seed), the baselines, the agent's
+   reference, the best static heuristic (chosen on the validation seeds), the baselines, the agent's
    untrained start and the agent. Printed: the five references with the paired per-seed
    differences to the best static heuristic, and what training added (trained vs start); written:
    ``leaderboard.md``, ``results.json`` and ``scores.png`` under ``OUT/benchmark``, TensorBoard logs
