@@ -812,7 +812,7 @@ def _load_reuse(paths: list[str | Path] | None, best_model: bool) -> _Reuse | No
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"reuse: {f}: not a benchmark results.json ({type(err).__name__}: {err})") from None
         for k, v in cells.items():
-            if k in cache and tuple(cache[k]) != tuple(v):
+            if k in cache and _comparable(cache[k]) != _comparable(v):
                 raise ValueError(f"reuse: {f} and {', '.join(names)} disagree on the cell {k}")
             cache[k] = v
         names.append(str(f))
