@@ -257,3 +257,30 @@ def test_reuse_takes_the_same_cells_and_a_witness_catches_a_changed_result(tmp_p
     assert key not in reusable_cells(res) and not any('"jaillet-high"' in k and '400' in k for k in reusable_cells(res))
     with pytest.raises(ValueError, match="^reuse: .*nothing: no such results.json$"):
         run_benchmark(["jaillet-high"], out=tmp_path / "e", reuse=[tmp_path / "nothing"], **kw)
+
+
+def test_reusable_agent_rows_need_to_know_which_model_ran():
+    from dataclasses import asdict
+
+    from llmsched_gym.benchmark import _cell_key, reusable_cells
+
+    task = next(t for t in TASKS if t.name == "jaillet-high")
+    rows = [{"name": "ppo, 10k steps", "kind": "agent", "values": [7.0, 8.0], "complete": True,
+             "params": {"path": "runs/a"}},
+            {"name": "ppo, untrained start", "kind": "start", "values": [9.0, 9.5], "complete": True,
+             "params": {"path": "runs/a"}},
+            {"name": "ppo2", "kind": "agent", "values": [1.0, 2.0], "complete": False, "params": {"path": "runs/b"}}]
+    res = {"protocol": {"quick": False, "test_seeds": [100, 101]},
+           "tasks": {"jaillet-high": {"task": asdict(task), "rows": rows}}}
+
+    def key(path, best, seed):
+        return _cell_key(("agent", (task, path, best, seed, task.overrides)))
+
+    assert not any('"agent"' in k for k in reusable_cells(res))  # which model ran is unknown: nothing taken
+    assumed = reusable_cells(res, best_model=True)  # a run with --best, checked by its witness episode
+    assert assumed[key("runs/a", True, 101)] == (8.0, True, "ppo, 10k steps")
+    assert assumed[key("runs/a", "start", 100)] == (9.0, True, "ppo, untrained start")
+    assert key("runs/a", False, 100) not in assumed and key("runs/b", True, 100) not in assumed  # incomplete: runs
+    res["protocol"]["best_model"] = False  # the results say: the final model
+    said = reusable_cells(res, best_model=True)
+    assert key("runs/a", False, 100) in said and key("runs/a", True, 100) not in said
