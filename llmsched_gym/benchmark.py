@@ -757,7 +757,8 @@ def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: 
     cheapest kind), the first hindsight search taken and the first episode taken of each agent and
     each untrained start (an agent's model is the best or the final one). If one does not
     give exactly the stored result (a search's wall time aside) the code has changed since, and the
-    benchmark stops with an error rather than mix the two."""
+    benchmark stops with an error rather than mix the two. An agent's name is the witness's (how the
+    run is described may have changed since; its figures may not)."""
     from llmsched_gym.parallel import Outcome
 
     if reuse is None or not reuse.cache:
@@ -779,12 +780,21 @@ def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: 
             reuse.witnesses.append(c.name)
             run.append(i)
     outcomes: list[Any] = [Outcome(c.name, reuse.cache.get(k)) for c, k in zip(cells, keys, strict=True)]
+    names: dict[tuple, str] = {}  # an agent's name as this code writes it (the witness's)
     for i, o in zip(run, run_cells([cells[i] for i in run], _run_cell, settings, label=label), strict=True):
-        if keys[i] in reuse.cache and (not o.ok or _comparable(o.value) != _comparable(reuse.cache[keys[i]])):
-            raise ValueError(f"reuse: {cells[i].name} gives {o.value if o.ok else o.error} now but "
-                             f"{reuse.cache[keys[i]]} in {', '.join(reuse.paths)}: the code changed since; "
-                             "run without --reuse")
+        if keys[i] in reuse.cache:
+            agent = cells[i].args[0] == "agent"
+            new, old = (o.value[:2], reuse.cache[keys[i]][:2]) if agent and o.ok else (o.value, reuse.cache[keys[i]])
+            if not o.ok or _comparable(new) != _comparable(old):
+                raise ValueError(f"reuse: {cells[i].name} gives {o.value if o.ok else o.error} now but "
+                                 f"{reuse.cache[keys[i]]} in {', '.join(reuse.paths)}: the code changed since; "
+                                 "run without --reuse")
+            if agent:
+                names[cells[i].args[1][1:3]] = o.value[2]
         outcomes[i] = o
+    for i, c in enumerate(cells):  # the witness's name, where only the naming changed since
+        if c.args[0] == "agent" and i not in run and c.args[1][1:3] in names:
+            outcomes[i] = Outcome(c.name, (*outcomes[i].value[:2], names[c.args[1][1:3]]))
     return outcomes
 
 
