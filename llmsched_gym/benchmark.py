@@ -936,7 +936,7 @@ def _choice_lines(results: dict[str, Any], name: str) -> list[str]:
     j = fam["validation_seeds"].index(fam["top_on_seed"])
     alone = rank_family({m: v[j:j + 1] for m, v in fam["values"].items()},
                         {m: c[j:j + 1] for m, c in fam["completed"].items()}, t["lower_is_better"])
-    where = f" on {t['trained_on']}'s" if t.get("trained_on") else ""
+    where = f" on {t['trained_on']}'s" if t.get("trained_on") else " on"
     line = (f"Chosen{where} validation seeds {', '.join(map(str, fam['validation_seeds']))} (mean ratio to each "
             "seed's best member): " + "; ".join(f"{m} {v:.3f}" for m, v in ranked) + ".")
     if alone and alone[0][0] != fam["chosen"]:
@@ -957,8 +957,9 @@ def _reuse_lines(results: dict[str, Any]) -> list[str]:
     return [f"Reused: {n} of {total} cells (simulations, searches, agent episodes) were taken from "
             f"{', '.join(reuse['from'])}, where their inputs (task, entrant, seed; the hindsight search's starting "
             f"candidates and runs) are the same; the rest ran now. Witnesses: {len(reuse['witnesses'])} taken cells "
-            "(one per task) ran again and gave exactly the stored results. Each task says how many of its "
-            "test-seed cells were taken.", ""]
+            "(one per task, the first hindsight search, the first episode of each agent and of its start) ran "
+            "again and gave exactly the stored results. Each task says how many of its test-seed cells were "
+            "taken.", ""]
 
 
 def summary_table(results: dict[str, Any]) -> list[str]:
