@@ -163,6 +163,13 @@ def test_cli_benchmark_quick_and_bad_task(tmp_path, capsys):
     assert any(r["name"] == "sjf:max_num_seqs=96" and r["kind"] == "policy" for r in res["tasks"]["jaillet-high"]["rows"])
     assert main(["benchmark", "--task", "nope", "--out", str(tmp_path)]) == 2
     assert "task: unknown 'nope'; allowed: azure-conv" in capsys.readouterr().err
+    # --reuse: a missing or foreign file is one line and exit 2, before anything runs
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    for bad, says in ((tmp_path / "missing", "missing: no such results.json"),
+                      (tmp_path / "other.json", "other.json: not a benchmark results.json (KeyError: 'protocol')")):
+        assert main(["benchmark", "--quick", "--task", "jaillet-high", "--reuse", str(bad), "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: reuse: ") and err.endswith(says) and "\n" not in err
 
 
 def test_identical_entrants_are_marked_once():
