@@ -133,15 +133,16 @@ class BaselineScoreCallback(BaseCallback):
             return
         s = self.evaluate(self.model)
         done = s["n_completed"] / max(1, s["n_arrived"])
+        ok = served(s)
         self.last = {"mean_e2el_ms": s["serving"]["mean_e2el_ms"], "p99_ttft_ms": s["serving"]["p99_ttft_ms"],
                      "completed_frac": done}
         for key in ("mean_e2el_ms", "p99_ttft_ms"):
             best = self.best[key]
             # an agent that leaves requests unserved has no comparable latency: count it as 10x worse
-            self.last[f"rel_{key}_vs_best"] = self.last[key] / best if done >= 0.99 and best > 0 else 10.0
+            self.last[f"rel_{key}_vs_best"] = self.last[key] / best if ok and best > 0 else 10.0
         value = metric_value(s, self.metric)
         self.last["task_metric"] = value
-        self.last["rel_task_vs_best"] = relative(value, self.best_task, self.lower_is_better) if done >= 0.99 else 10.0
+        self.last["rel_task_vs_best"] = relative(value, self.best_task, self.lower_is_better) if ok else 10.0
         for key, v in self.last.items():
             self.logger.record(f"eval/{key}", float(v))
         self.best_rel_e2el = min(self.best_rel_e2el, self.last["rel_mean_e2el_ms_vs_best"])
@@ -169,10 +170,18 @@ class Checkpoints(BaseCallback):
         return True
 
 
+def served(summary: dict[str, Any]) -> bool:
+    """Whether a validation run's figures compare: at least 99% of the arrived requests completed, or
+    the run stopped at the scenario's horizon without a loop (``engine.horizon_s``: echo-hybrid's
+    offline pool is never meant to drain, and ``llmsched benchmark`` scores such runs alike)."""
+    return (summary["n_completed"] >= 0.99 * summary["n_arrived"]
+            or (summary.get("stop_reason") == "horizon" and not summary.get("non_terminating")))
+
+
 def best_value(summaries: dict[str, dict], get: Callable[[dict], float], lower_is_better: bool = True) -> float:
     """The best value of a metric (the lowest, or the highest when ``lower_is_better`` is false) over
-    baselines that completed their workload; nan when none did."""
-    vals = [get(s) for s in summaries.values() if s["n_completed"] >= 0.99 * s["n_arrived"]]
+    baselines that completed their workload (:func:`served`); nan when none did."""
+    vals = [get(s) for s in summaries.values() if served(s)]
     vals = [v for v in vals if np.isfinite(v)]
     if not vals:
         return math.nan

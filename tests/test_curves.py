@@ -185,6 +185,37 @@ def test_best_model_is_chosen_by_the_tasks_own_metric(metric, lower, saved_at):
     assert cb.best_rel_e2el == pytest.approx(80.0 / 110.0)
 
 
+def test_best_model_follows_the_metric_on_a_horizon_task():
+    # echo-hybrid stops at its horizon with most of its offline pool unserved (a goodput task, higher is
+    # better): such runs compare, as in `llmsched benchmark`; before, every validation score counted as
+    # x10 and best_model stayed at the first one whatever the agent did
+    from types import SimpleNamespace
+
+    from agents.callbacks import BaselineScoreCallback
+
+    def horizon(goodput: float, done: int = 600, stop: str = "horizon", loop: bool = False) -> dict:
+        return {"serving": {"mean_e2el_ms": 1.0, "p99_ttft_ms": 1.0, "request_goodput": goodput},
+                "n_completed": done, "n_arrived": 1000, "stop_reason": stop, "non_terminating": loop}
+
+    plays = iter([horizon(1.0), horizon(1.2), horizon(1.1), horizon(1.5, loop=True), horizon(1.6, stop="stuck")])
+    saves: list[int] = []
+    calls = [0]
+
+    def evaluate(_model):
+        calls[0] += 1
+        return next(plays)
+
+    baselines = {"a": horizon(1.15), "b": horizon(0.9), "looping": horizon(9.0, loop=True)}
+    cb = BaselineScoreCallback(evaluate, baselines, save=lambda stem: saves.append(calls[0] - 1),
+                               metric="serving.request_goodput", lower_is_better=False)
+    cb.model = SimpleNamespace(logger=SimpleNamespace(record=lambda *_: None))
+    assert cb.best_task == 1.15  # the looping baseline does not count
+    for _ in range(5):
+        cb._on_rollout_end()
+    assert saves == [0, 1]  # 1.0, then 1.2; 1.1 is worse; a loop and a run stopped short are x10
+    assert cb.best_rel == pytest.approx(1.15 / 1.2)
+
+
 def test_relative_is_below_one_when_better_in_either_direction():
     from agents.callbacks import relative
 
