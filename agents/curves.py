@@ -6,8 +6,9 @@ start, every ``--score-every`` rollouts and at the end) the task's metric goes i
 * ``curve.json`` in the run folder: the points ``(steps, value)`` and the references;
 * ``learning_curve.png`` in the run folder: steps on x, the metric on y, the agent's curve with
   horizontal lines for its untrained **start** (the same policy before any update), the **best
-  static heuristic** (the best member of :func:`baselines.static.static_family` on the same
-  workload, as ``llmsched benchmark`` chooses it), the **hindsight** reference (the best schedule
+  static heuristic** on this workload (the best member of :func:`baselines.static.static_family`
+  on it: ``llmsched benchmark`` chooses its static heuristic over the validation seeds 95-99, and
+  that choice may be another member, as good or worse on this one workload), the **hindsight** reference (the best schedule
   found with everything known, :func:`llmsched_gym.hindsight.hindsight`; a reference no scheduler
   can reach) and the **best baseline** (the best registered policy at its defaults);
 * TensorBoard (``tb/curves``): ``validation/agent`` and the references as constant scalars
@@ -273,7 +274,7 @@ def plot_curve(curve: dict[str, Any], path: Path, title: str | None = None) -> b
     refs = curve.get("references") or {}
     lines = [("start", curve.get("start"), "tab:red", "untrained start"),
              ("best_static", (refs.get("best_static") or {}).get("value"), "tab:green",
-              f"best static heuristic ({(refs.get('best_static') or {}).get('name', '')})"),
+              f"best static on this workload ({(refs.get('best_static') or {}).get('name', '')})"),
              ("hindsight", (refs.get("hindsight") or {}).get("value"), "tab:grey", "hindsight reference"),
              ("best_baseline", (curve.get("best_baseline") or {}).get("value"), "tab:blue",
               f"best baseline ({(curve.get('best_baseline') or {}).get('name', '')})")]
