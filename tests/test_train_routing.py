@@ -159,3 +159,16 @@ def test_benchmark_scores_the_agent_and_its_start(runs, tmp_path):
     search = ref["params"]["search"][0]
     assert search["n_sims"] == 3 + 2 and search["value"] >= ref["values"][0]
     assert res["protocol"]["route_hindsight_sims"] == 2
+
+
+def test_mooncake_default_recipe_is_the_measured_route_mooncake_recipe() -> None:
+    # routing.yml's mooncake-conv-8 entry (what `llmsched train --scenario mooncake-conv-8` uses) is the
+    # recipe measured in agents/hyperparams/route_mooncake.yml: the same hyperparameters, key for key
+    from agents.train import load_hyperparams
+
+    default = load_hyperparams("mooncake-conv-8", "maskable-ppo", None, routing=True)
+    measured = load_hyperparams("mooncake-conv-8", "maskable-ppo", "agents/hyperparams/route_mooncake.yml",
+                                routing=True)
+    assert default == measured
+    assert default["route_prior"] == {"prefix_hit": 2.0, "queued_spread": 1.0, "kv_free": 1.0, "scale": 2.0}
+    assert default["learning_rate"] == 1.0e-3 and default["task"] == "route-mooncake"
