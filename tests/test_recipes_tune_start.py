@@ -36,6 +36,8 @@ CASES = [
      {"order": "total", "chunk_size": 128, "max_num_seqs": 256}, {"prompt_weight": 1.0, "chunk_size": 128}),
     ("echo_hybrid_tune.yml", "echo-hybrid", "echo-hybrid", ECHO_SMALL,
      {"order": "total", "chunk_size": 128, "max_num_seqs": 256}, {"prompt_weight": 1.0, "chunk_size": 128}),
+    ("azure_conv_tail_tune.yml", "azure-conv", "azure-conv", {"workload.n_requests": 150},
+     {"order": "las", "chunk_size": 0, "max_num_seqs": 64}, {"max_num_seqs": 64}),
 ]
 
 
