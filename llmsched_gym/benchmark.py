@@ -785,8 +785,10 @@ def _run_stage(cells: list[Cell], settings: Settings | None, label: str, reuse: 
         if keys[i] in reuse.cache:
             agent = cells[i].args[0] == "agent"
             new, old = (o.value[:2], reuse.cache[keys[i]][:2]) if agent and o.ok else (o.value, reuse.cache[keys[i]])
-            if not o.ok or _comparable(new) != _comparable(old):
-                raise ValueError(f"reuse: {cells[i].name} gives {o.value if o.ok else o.error} now but "
+            if not o.ok:  # a witness that fails says nothing about the code: say what failed
+                raise ValueError(f"reuse: the check run {cells[i].name} failed ({o.error}); fix that and run again")
+            if _comparable(new) != _comparable(old):
+                raise ValueError(f"reuse: {cells[i].name} gives {o.value} now but "
                                  f"{reuse.cache[keys[i]]} in {', '.join(reuse.paths)}: the code changed since; "
                                  "run without --reuse")
             if agent:

@@ -291,3 +291,18 @@ def test_reusable_agent_rows_need_to_know_which_model_ran():
     res["protocol"]["best_model"] = False  # the results say: the final model
     said = reusable_cells(res, best_model=True)
     assert key("runs/a", False, 100) in said and key("runs/a", True, 100) not in said
+
+
+def test_reuse_says_a_failing_check_run_failed_not_that_the_code_changed(tmp_path, monkeypatch):
+    import llmsched_gym.benchmark as bm
+
+    kw = {"quick": True, "baselines": ["fcfs"], "hindsight_sims": 0}
+    run_benchmark(["jaillet-high"], out=tmp_path / "a", **kw)
+
+    def broken(args):
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(bm, "_run_cell", broken)
+    with pytest.raises(ValueError, match=r"^reuse: the check run jaillet-high: .* failed \(.*worker died.*\); "
+                                         r"fix that and run again$"):
+        run_benchmark(["jaillet-high"], out=tmp_path / "b", reuse=[tmp_path / "a"], **kw)
