@@ -979,25 +979,35 @@ def summary_table(results: dict[str, Any]) -> list[str]:
 
 def leaderboard(results: dict[str, Any]) -> str:
     """The markdown leaderboard: the tasks' references, then per task every entrant with its figures."""
+    from llmsched_gym.env import CLUSTER_ENV_ID
+
     p = results["protocol"]
+    routing = [r["task"].get("routing", False) for r in results["tasks"].values()]
+    scheduling = not routing or not all(routing)  # the static family's text applies
+    env = (p.get("env", "?") if not any(routing) else CLUSTER_ENV_ID if not scheduling
+           else f"{p.get('env', '?')} (routing tasks: {CLUSTER_ENV_ID})")
     lines = ["# llmsched benchmark", "",
-             f"Environment {p.get('env', '?')}. Test seeds {p['test_seeds']} (paired: every entrant runs the same "
+             f"Environment {env}. Test seeds {p['test_seeds']} (paired: every entrant runs the same "
              f"workloads), validation seeds {_seeds(p)} (agents pick their best model on seed "
              f"{p.get('agent_validation_seed', p.get('validation_seed'))}), training seeds {p['train_seeds']}"
              + (" (quick sizes)." if p["quick"] else "."),
              "Information: what every entrant (and the env's observation) knows of output lengths: `clairvoyant` "
              "(true lengths, an oracle), `predicted` (a predictor with a stated error), `blind` (none). "
-             "Best static heuristic: the member of the static family (queue order x batch former x max_num_seqs) "
+             + ("Best static heuristic: the member of the static family (queue order x batch former x max_num_seqs) "
              f"chosen on the validation seeds: {p.get('selection_rule', 'the best on the validation seed')}. "
              "Hindsight: per test workload the best schedule found with everything known "
              f"(search with the simulator from the family's best three on seed "
              f"{p.get('agent_validation_seed', p.get('validation_seed'))}, {p.get('hindsight_sims', '?')} "
              "simulations; a reference, never an entrant; never worse than a reference policy's run there). "
-             "Headroom = (best static heuristic - hindsight) / best static heuristic; under "
+             if scheduling else "Best static heuristic and hindsight of the routing tasks: see each task. ")
+             + ("Routing tasks: their references are routers (see each task). " if scheduling and any(routing) else "")
+             + "Headroom = (best static heuristic - hindsight) / best static heuristic; under "
              f"{100 * p.get('no_headroom_below', NO_HEADROOM):.0f}% a task has no headroom.", "",
              *summary_table(results), "",
              "Per task: mean ± 95% t-interval; paired = the per-seed relative difference, mean ± 95% t-interval, "
-             "and the verdict (better / worse / tie when the interval includes 0). Normalised score: 0 = fcfs, "
+             "and the verdict (better / worse / tie when the interval includes 0). Normalised score: 0 = "
+             + ("fcfs" if not any(routing) else "round-robin" if not scheduling else "fcfs (round-robin for routing)")
+             + ", "
              "1 = the best baseline at its defaults. An agent's `learned` line compares it with its own untrained "
              "start. Incomplete runs are listed last and never chosen as references. `(= X)`: identical to X on "
              "every test seed.", "", *_reuse_lines(results)]

@@ -55,6 +55,10 @@ def test_routing_task_references_static_router_and_floor(routed):
     assert res["skipped"]["route-prefix-groups"]["sjf"].startswith("a replica scheduler, not a router")
     board = leaderboard(res)
     assert "A routing task: the entrants are routers" in board and (out / "leaderboard.md").exists()
+    # a routing-only leaderboard's header speaks of the cluster env and routers, not the static family
+    head = board.split("\n## ", 1)[0]
+    assert "Environment LLMSchedCluster-v0." in head and "Normalised score: 0 = round-robin, 1 =" in head
+    assert "static family" not in head and "fcfs" not in head
 
 
 def test_routing_cells_are_the_cluster_runs(routed):
