@@ -126,7 +126,8 @@ def load_agent(path: str | Path, best: bool = False, trust_model: bool = False) 
         if meta.get("vecnormalize"):
             vecnorm = restore_vecnormalize(meta["vecnormalize"], model.get_env(), training=False)
         run = read_run_json(run_dir)
-        agent = Agent(describe_run(run, run_dir.name), model, vecnorm, meta.get("env_kwargs", run.get("env_kwargs", {})),
+        best_at = meta.get("num_timesteps") if stem.name == "best_model" else None
+        agent = Agent(describe_run(run, run_dir.name, best_at=best_at if isinstance(best_at, int) else None), model, vecnorm, meta.get("env_kwargs", run.get("env_kwargs", {})),
                       meta.get("scenario", run.get("scenario")), meta.get("overrides", run.get("overrides", {})))
     except (TypeError, AttributeError, KeyError, IndexError, ValueError, OverflowError) as err:
         if isinstance(err, AgentFileError):
@@ -209,7 +210,7 @@ def _load_trusted(model_path: Path, run_dir: Path) -> Agent:
                  meta.get("overrides", {}))
 
 
-def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
+def describe_run(meta: dict[str, Any], folder: str, start: bool = False, best_at: int | None = None) -> str:
     """An agent's label in reports, named for what it is: its algorithm, action mode and structure,
     then its training: ``ppo priority/prompt-order budget 256, 166k steps``, ``maskable-ppo select,
     bc: sarathi, 41k steps``, ``ppo tune: sarathi chunk_size, 60k steps``; ``start`` names the untrained
@@ -218,11 +219,16 @@ def describe_run(meta: dict[str, Any], folder: str, start: bool = False) -> str:
     start``, except in ``tune`` and ``knob`` modes, whose zero action runs the recipe's base policy; a ``meta`` run names its candidates (``maskable-ppo meta over sarathi/vtc, neutral start,
     1.2M steps``); a routing run says ``maskable-ppo route, prior prefix_hit=2,queued_spread=1,kv_free=1,
 300k steps`` or ``maskable-ppo route, neutral start, ...``. The run folder's name when ``run.json`` is
-missing."""
+missing. ``best_at``: the label of the run's best model, saved at that many steps (``..., best model at
+36.9k of 851k steps``)."""
     if not meta:
         return f"{folder} (untrained start)" if start else folder
-    steps = int(meta.get("timesteps") or 0)
-    size = f"{steps / 1e6:.3g}M" if steps >= 1_000_000 else f"{steps / 1e3:.3g}k" if steps >= 1000 else str(steps)
+    def size(steps: int) -> str:
+        return f"{steps / 1e6:.3g}M" if steps >= 1_000_000 else f"{steps / 1e3:.3g}k" if steps >= 1000 else str(steps)
+
+    total = int(meta.get("timesteps") or 0)
+    trained = ("untrained start" if start else f"best model at {size(best_at)} of {size(total)} steps"
+               if best_at is not None else f"{size(total)} steps")
     bc = (meta.get("bc") or {}).get("policy")
     if isinstance(bc, dict):
         bc = bc.get("name", "") + ":" + ",".join(f"{k}={v}" for k, v in bc.items() if k != "name")
@@ -231,7 +237,6 @@ missing."""
     hyper = meta.get("hyperparams") or {}
     if meta.get("routing"):  # LLMSchedCluster-v0: the replica of each request, from a router's weights or neutral
         prior = {k: v for k, v in (hyper.get("route_prior") or {}).items() if k != "scale" and v}
-        trained = "untrained start" if start else f"{size} steps"
         how = "prior " + ",".join(f"{k}={v:g}" for k, v in prior.items()) if prior else "neutral start"
         return f"{meta.get('algo', 'agent')} route, {how}, {trained}"
     if mode == "tune":  # what the agent sets at every decision
@@ -245,7 +250,6 @@ missing."""
         structure = mode + (f"/{env_kwargs['order']}-order" if env_kwargs.get("order") else "")
         if env_kwargs.get("budget"):
             structure += f" budget {env_kwargs['budget']}"
-    trained = "untrained start" if start else f"{size} steps"
     bias = hyper.get("action_bias")
     # no prior, no clone: zero scores, or a discrete head (select, subset, meta) at its initialisation;
     # never tune or knob, whose zero action runs their base policy (a structure chosen by the recipe)

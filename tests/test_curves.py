@@ -116,6 +116,10 @@ def test_a_neutral_start_is_named_so_in_the_benchmark_rows():
     tune = {"algo": "ppo", "timesteps": 1000, "hyperparams": {"action_bias": 0.0},
             "env_kwargs": {"action_mode": "tune", "base": {"name": "static"}, "tune": {"max_num_seqs": [16, 256]}}}
     assert describe_run(tune, "x") == "ppo tune: static max_num_seqs, 1k steps"  # zero action = its base: not neutral
+    # a run's best model is labelled with the steps it was saved at, beside the run's total
+    assert describe_run({**tune, "timesteps": 851_000}, "x", best_at=36_864) == \
+        "ppo tune: static max_num_seqs, best model at 36.9k of 851k steps"
+    assert describe_run(neutral, "x", start=True, best_at=5) == describe_run(neutral, "x", start=True)
     assert "neutral" not in describe_run({**meta, "bc": {"policy": "vtc"}}, "x")
     assert "neutral" not in describe_run({**neutral, "hyperparams": {}}, "x")  # a Box head at random: no claim
 
