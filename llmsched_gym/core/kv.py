@@ -383,10 +383,6 @@ class KVCache:
         """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
         return list(islice(self._idle_order(), k))
 
-    def idle_count(self) -> int:
-        """Idle cached blocks (held by no running request, evicted first when room is needed)."""
-        return self._n_idle
-
     def eviction_victims(self, k: int, freed: list[int], skip: Callable[[int], bool]) -> list[int]:
         """The ``k`` blocks :meth:`make_room` would evict if ``freed`` became idle first (in that
         order) and the blocks for which ``skip`` is true were idle no longer: a what-if for the

@@ -345,7 +345,7 @@ class _Tally:
         self.led = ledger
         self.used = ledger.kv.used_blocks
         self.refs: dict[int, int] = {}  # reference counts changed so far
-        self.idle = ledger.kv.idle_count() if ledger.kv.enabled else 0  # idle cached blocks
+        self.idle = ledger.kv.idle_blocks if ledger.kv.enabled else 0  # idle cached blocks
         self.freed: list[int] = []  # blocks the preemptions made idle, in the order the cache queues them
         self.evicted: set[int] = set()  # idle blocks make_room evicted
 
