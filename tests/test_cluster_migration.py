@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _routers import Scripted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -85,25 +86,12 @@ def test_without_migration_both_finish_on_the_loaded_replica() -> None:
     assert "migration" not in c.summary()["cluster"]
 
 
-class Recorder(Router):
-    """Requests 0 and 1 to replica 0, later ones to replica 1; records the KV in use it sees."""
-
-    name = "recorder"
-
-    def reset(self, n_replicas, rng):
-        super().reset(n_replicas, rng)
-        self.seen = []
-
-    def route(self, rid, view):
-        self.seen.append((view.now, view.kv_used.tolist(), view.running.tolist()))
-        return 0 if rid < 2 else 1
-
-
 def test_destination_holds_the_kv_during_the_transfer() -> None:
     """A request routed at t = 1.2, during the transfer (1.0 to 1.5), sees the destination's KV
     already holding the migrating request's 128 tokens (8 blocks of 16) though nothing runs there;
     it arrives first and the migrated request joins behind it, in arrival order."""
-    rt = Recorder()
+    rt = Scripted(lambda rid: 0 if rid < 2 else 1,  # requests 0 and 1 to replica 0, later ones to 1
+                  lambda rid, view: (view.now, view.kv_used.tolist(), view.running.tolist()))
     c = _cluster(_wl([0.0, 0.0, 1.2], [112, 112, 16], [64, 64, 8]), 2, rt, MIG)
     c.run()
     assert rt.seen[2][0] == 1.2

@@ -5,6 +5,7 @@ replica's own cache does, through admissions, completions and evictions."""
 from __future__ import annotations
 
 import numpy as np
+from _routers import Scripted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -65,24 +66,13 @@ def test_a_block_evicted_on_one_replica_stays_held_on_the_other() -> None:
     replica 0 evicted the prefix for an unrelated long request: replica 0 holds none of it, replica
     1 all ten blocks (capped at the prompt less one token: 10 blocks of 16 < 175)."""
 
-    class Plan(Router):
-        name = "plan"
-
-        def reset(self, n_replicas, rng):
-            super().reset(n_replicas, rng)
-            self.hits = []
-
-        def route(self, rid, view):
-            self.hits.append(view.prefix_hit(rid).tolist())
-            return [0, 1, 0, 0][rid]
-
     pre = [((7, 160),), ((7, 160),), ((9, 256),), ((7, 160), (50, 15))]
     wl = Workload(np.array([0.0, 0.0, 1.0, 3.0]), np.array([160, 160, 256, 175]), np.array([2, 2, 60, 2]),
                   prefix=pre)
-    r = Plan()
+    r = Scripted([0, 1, 0, 0].__getitem__, lambda rid, view: view.prefix_hit(rid).tolist())
     c = _cluster(wl, r, [20 * 16, 20 * 16])  # replica 0: the third request grows to 316 tokens (20 blocks), evicting all ten
     c.run()
-    assert r.hits == [[0, 0], [0, 0], [0, 0], [0, 160]]
+    assert r.seen == [[0, 0], [0, 0], [0, 0], [0, 160]]
     assert c.engines[0].kv.evicted_blocks >= 10
 
 
