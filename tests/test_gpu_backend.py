@@ -17,8 +17,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from llmsched_gym.backends.gpu.backend import (  # noqa: E402
     PROFILE_COLUMNS,
-    AffineLatency,
     CalibrationGrid,
+    FusedAffineLatency,
     GPULatency,
     calibrate,
     hbm_bound_decode_s,
@@ -191,7 +191,7 @@ def test_release_schedule_frees_a_preempted_request_before_its_recompute(tmp_pat
 def test_replay_of_a_synthetic_log_reports_errors_end_to_end_and_noise_band(tmp_path):
     log = tmp_path / "iters.csv"
     _write_synthetic_log(log)
-    affine = AffineLatency(0.002, 1e-5, 1e-4, 1e-7)
+    affine = FusedAffineLatency(0.002, 1e-5, 1e-4, 1e-7)
     summary = replay(
         log,
         "tiny",
@@ -241,7 +241,7 @@ def test_calibration_writes_the_profile_csv_contract_and_the_table_model_loads_i
 
 
 def test_affine_decode_times_equal_batch_time_bit_for_bit():
-    model = AffineLatency(1e-3, 2e-5, 3e-4, 7e-8)
+    model = FusedAffineLatency(1e-3, 2e-5, 3e-4, 7e-8)
     ctx = np.array([0, 17, 4096, 123457])
     assert model.decode_times(9, ctx).tolist() == [model.batch_time(0, 0, 0, 9, int(c)) for c in ctx]
 

@@ -84,13 +84,13 @@ def _replay(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from llmsched_gym.backends.gpu.backend import AffineLatency, load_table, replay
+    from llmsched_gym.backends.gpu.backend import FusedAffineLatency, load_table, replay
     from llmsched_gym.core.latency import make_latency
 
     models = [make_latency(name) for name in args.latency]
     if args.calibration:
         cal = Path(args.calibration)
-        models.append(AffineLatency.from_json(cal / "calibration.json"))
+        models.append(FusedAffineLatency.from_json(cal / "calibration.json"))
         table, why = load_table(cal / "profile.csv")
         if table is None:
             print(f"table model not scored: {why}")

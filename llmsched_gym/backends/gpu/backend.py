@@ -125,9 +125,14 @@ class GPULatency(LatencyModel):
         raise NotImplementedError("GPULatency is never fast-forwarded: call time_batch per iteration")
 
 
-class AffineLatency(LatencyModel):
+class FusedAffineLatency(LatencyModel):
     """``t = c0 + c_prefill * prefill_tokens + c_decode * n_decode + c_ctx * decode_ctx_tokens``,
-    the form :func:`calibrate` fits (Sheng et al. 2024's and Vidur's style of linear batch model)."""
+    the form :func:`calibrate` fits (Sheng et al. 2024's and Vidur's style of linear batch model).
+
+    One affine cost for the whole batch, prefill and decode fused in one forward pass as this
+    executor runs them (one intercept); core's
+    :class:`~llmsched_gym.core.latency.AffineLatency` instead adds separate prefill and decode
+    costs, each with its own intercept. Keyed ``affine`` in ``calibration.json`` and replay output."""
 
     name = "affine"
     FEATURES = ("intercept_s", "per_prefill_token_s", "per_decode_seq_s", "per_decode_ctx_token_s")
@@ -142,7 +147,7 @@ class AffineLatency(LatencyModel):
         self.c = (intercept_s, per_prefill_token_s, per_decode_seq_s, per_decode_ctx_token_s)
 
     @classmethod
-    def from_json(cls, path: str | Path) -> AffineLatency:
+    def from_json(cls, path: str | Path) -> FusedAffineLatency:
         """Load the ``affine`` coefficients of a ``calibration.json``."""
         return cls(**json.loads(Path(path).read_text())["affine"])
 
@@ -451,14 +456,14 @@ def _write_rows(path: Path, rows: list[tuple]) -> None:
         w.writerows(rows)
 
 
-def fit_affine(rows: list[tuple]) -> AffineLatency:
-    """Least-squares fit of :class:`AffineLatency` to profile rows, on relative error (each row
+def fit_fused_affine(rows: list[tuple]) -> FusedAffineLatency:
+    """Least-squares fit of :class:`FusedAffineLatency` to profile rows, on relative error (each row
     weighted by 1 / time) so that small batches count as much as large ones, as MAPE does."""
     data = np.array(rows, dtype=np.float64)
     x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 3], data[:, 4]])
     t = data[:, 5]
     coef, *_ = np.linalg.lstsq(x / t[:, None], np.ones(len(t)), rcond=None)
-    return AffineLatency(*(float(c) for c in coef))
+    return FusedAffineLatency(*(float(c) for c in coef))
 
 
 def load_table(profile_path: Path) -> tuple[LatencyModel | None, str | None]:
@@ -494,7 +499,7 @@ def calibrate(
     heldout = _heldout_rows(executor, grid, rid)
     _write_rows(out / "heldout.csv", heldout)
 
-    affine = fit_affine(profile)
+    affine = fit_fused_affine(profile)
     table, table_skipped = load_table(profile_path)
     held = np.array(heldout, dtype=np.float64)
 
