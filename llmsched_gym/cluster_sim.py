@@ -35,9 +35,11 @@ model, engine settings, policy and router; ``transfer`` sets the link the KV cro
 from __future__ import annotations
 
 import copy
+import inspect
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -66,6 +68,24 @@ class ClusterResult:
     cluster: Cluster | DisaggCluster = field(repr=False)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _parameters_of(build: Callable[_P, Any]) -> Callable[[Callable[..., _R]], Callable[_P, _R]]:
+    """Gives the decorated pass-through function ``build``'s parameters (its signature and
+    annotations, for ``help()``, documentation and type checkers), keeping its own return type:
+    one parameter list for :func:`make_cluster` and :func:`simulate_cluster`."""
+
+    def use(run: Callable[..., _R]) -> Callable[_P, _R]:
+        ret = run.__annotations__["return"]
+        run.__signature__ = inspect.signature(build).replace(return_annotation=ret)
+        run.__annotations__ = {**build.__annotations__, "return": ret}
+        return run
+
+    return use
+
+
 def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | None = None,
                  router: str | Router | None = None, n_replicas: int | None = None, seed: int = 0,
                  overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
@@ -75,8 +95,8 @@ def make_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | No
                  transfer: dict[str, Any] | None = None,
                  decider: str | dict[str, Any] = "always",
                  migration: dict[str, Any] | None = None) -> tuple[Cluster | DisaggCluster, dict[str, Any]]:
-    """A ready-to-run :class:`Cluster` (see :func:`simulate_cluster`) and the checked scenario; a
-    :class:`DisaggCluster` with ``pools``."""
+    """A ready-to-run :class:`Cluster` and the checked scenario; a :class:`DisaggCluster` with
+    ``pools``. The parameters are :func:`simulate_cluster`'s (documented there), which builds on this."""
     spec = resolve_scenario(scenario, overrides)
     section = spec.get("cluster") or {}
     if pools is None and section.get("pools"):  # the scenario's pools; the arguments win
@@ -259,15 +279,8 @@ def _disagg(workload, config, latency, pol, router, n_replicas, seed, overrides,
     return DisaggCluster(workload, replicas, roles, rt, transfer, seed, models)
 
 
-def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict | None = None,
-                     router: str | Router | None = None, n_replicas: int | None = None, seed: int = 0,
-                     overrides: dict[str, Any] | None = None, router_params: dict[str, Any] | None = None,
-                     refresh_s: float | None = None,
-                     replica_overrides: dict[int, dict[str, Any]] | None = None,
-                     workload: Workload | None = None, pools: dict[str, dict[str, Any]] | None = None,
-                     transfer: dict[str, Any] | None = None,
-                     decider: str | dict[str, Any] = "always",
-                     migration: dict[str, Any] | None = None) -> ClusterResult:
+@_parameters_of(make_cluster)
+def simulate_cluster(*args: Any, **kwargs: Any) -> ClusterResult:
     """Run ``scenario`` on ``n_replicas`` replicas of ``policy`` behind ``router``.
 
     Every cluster setting left ``None`` comes from the scenario's ``cluster:`` section (see
@@ -311,8 +324,7 @@ def simulate_cluster(scenario: str | dict = "mooncake-conv", policy: str | dict 
     :class:`~llmsched_gym.core.disagg.PairRouter`.
     """
     t0 = time.perf_counter()
-    cluster, spec = make_cluster(scenario, policy, router, n_replicas, seed, overrides, router_params, refresh_s,
-                                 replica_overrides, workload, pools, transfer, decider, migration)
+    cluster, spec = make_cluster(*args, **kwargs)
     cluster.run()
     wall = time.perf_counter() - t0
     summary = cluster.summary(spec.get("name", "custom"), cluster.engines[0].scheduler.name, wall)

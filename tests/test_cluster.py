@@ -228,6 +228,30 @@ def test_bad_input_is_one_line() -> None:
         _cluster(wl, 2, Bad()).run()
 
 
+def test_simulate_cluster_runs_make_clusters_cluster_with_its_parameters() -> None:
+    """One parameter list: simulate_cluster takes exactly make_cluster's parameters (documented in
+    its docstring), by position or by name, and runs the cluster make_cluster builds."""
+    import inspect
+
+    build, run = inspect.signature(make_cluster), inspect.signature(simulate_cluster)
+    assert list(run.parameters.values()) == list(build.parameters.values())
+    assert run.return_annotation == "ClusterResult"
+    assert all(f":param {name}:" in simulate_cluster.__doc__ for name in build.parameters)
+    over = {"workload.n_requests": 40}
+    by_position = simulate_cluster("jaillet-low", "fcfs", "lor", 3, 5, over)
+    by_name = simulate_cluster(scenario="jaillet-low", policy="fcfs", router="lor", n_replicas=3, seed=5,
+                               overrides=over)
+    cluster, _ = make_cluster("jaillet-low", "fcfs", "lor", 3, 5, over)
+    cluster.run()
+    for got in (by_position.requests, by_name.requests):
+        assert got.keys() == cluster.request_table().keys()
+        for k, v in cluster.request_table().items():
+            np.testing.assert_array_equal(got[k], v)
+    assert by_position.summary["n_completed"] == 40
+    with pytest.raises(TypeError, match="nope"):
+        simulate_cluster("jaillet-low", nope=1)
+
+
 def test_heterogeneous_replicas() -> None:
     """A slower GPU on replica 1: with round-robin its requests take longer."""
     r = simulate_cluster("jaillet-low", "fcfs", "round-robin", 2, seed=0, overrides={"workload.n_requests": 200},
