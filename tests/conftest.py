@@ -92,6 +92,16 @@ def random_engine(draw, bs: int, *, prefix: bool = True, modes: tuple[str, ...] 
     return e
 
 
+def quiet(model: Any) -> Any:
+    """``model`` (an SB3 algorithm) with a logger that writes nothing: without ``tensorboard_log``
+    or a logger of its own, each SB3 ``learn`` makes an empty ``SB3-<date>`` folder in the temp dir
+    (``llmsched train`` logs into its run folder's ``tb/``). Returns ``model``."""
+    from stable_baselines3.common.logger import Logger
+
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
+
+
 @pytest.fixture
 def traces_dir() -> Path:
     if not TRACES.is_dir():

@@ -16,7 +16,7 @@ from llmsched_gym.env.llmsched_env import LLMSchedEnv
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
-from conftest import small_cuts
+from conftest import quiet, small_cuts
 from sb3_contrib import MaskablePPO  # noqa: E402
 from sb3_contrib.common.maskable.evaluation import evaluate_policy  # noqa: E402
 from stable_baselines3.common.env_checker import check_env as sb3_check_env  # noqa: E402
@@ -137,7 +137,7 @@ def test_maskable_ppo_trains_and_evaluates_with_masks():
         model = MaskablePPO("MultiInputPolicy", venv, n_steps=256, batch_size=128, n_epochs=2, seed=0,
                             policy_kwargs={"net_arch": [32]}, device="cpu")
         start = {k: v.clone() for k, v in model.policy.state_dict().items()}
-        model.learn(total_timesteps=2048)
+        quiet(model).learn(total_timesteps=2048)
         env = EpisodeSummaries(make(stall_iterations=1000))  # a looping policy stops after 1,000 iterations
         returns, lengths = evaluate_policy(model, env, n_eval_episodes=1, use_masking=True, warn=False,
                                            return_episode_rewards=True)
@@ -166,7 +166,7 @@ def test_plain_ppo_with_defaults_runs_and_logs_episode_returns(mode):
                                     overrides={"workload.n_requests": 20}))
     model = PPO("MultiInputPolicy", env, n_steps=128, batch_size=64, n_epochs=1, seed=0,
                 policy_kwargs={"net_arch": [16]}, device="cpu")
-    model.learn(total_timesteps=512)
+    quiet(model).learn(total_timesteps=512)
     assert len(model.ep_info_buffer) == len(env.summaries) > 0
     ep, summary = model.ep_info_buffer[-1], env.summaries[-1]
     # the logged return is the episode's latency reward: minus 0.01 x the request-seconds in the

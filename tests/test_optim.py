@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import quiet
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sb3_contrib")
@@ -71,7 +72,7 @@ def test_ppo_learns_the_same_weights_with_either_adam_at_sb3s_settings():
         model = PPO("MultiInputPolicy", venv, n_steps=64, batch_size=32, n_epochs=2, seed=5, device="cpu",
                     policy_kwargs=with_optimizer({"net_arch": [16]}) if opt_cls is Adam else {"net_arch": [16]})
         assert type(model.policy.optimizer) is opt_cls
-        model.learn(128)
+        quiet(model).learn(128)
         return model.policy.state_dict()
 
     ours, theirs = learn(Adam), learn(torch.optim.Adam)

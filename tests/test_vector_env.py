@@ -11,6 +11,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import quiet
 
 import llmsched_gym  # noqa: F401  (registers the ids)
 from llmsched_gym.config import ConfigError
@@ -222,7 +223,7 @@ def _ppo_params(vec, algo, mode):
     cls = MaskablePPO if algo == "maskable" else PPO
     model = cls("MultiInputPolicy", venv, n_steps=64, batch_size=32, n_epochs=2, seed=0, device="cpu",
                 policy_kwargs={"net_arch": [16]})
-    model.learn(256)
+    quiet(model).learn(256)
     return [p.detach().clone() for p in model.policy.parameters()], model
 
 
