@@ -189,9 +189,10 @@ def _kv_with_idle_chains(n_chains: int = 3):
 
 
 def _evicted(kv: KVCache, n: int) -> list[int]:
-    before = set(kv._ref)
+    before = set(kv.cached_hashes())
     kv.make_room(kv.capacity_blocks - kv.used_blocks - kv.idle_blocks + n)
-    return [h for h in before if h not in kv._ref]
+    after = set(kv.cached_hashes())
+    return [h for h in before if h not in after]
 
 
 def test_default_lru_evicts_least_recently_released_deeper_block_first():

@@ -106,7 +106,6 @@ def test_the_replicas_reuse_the_hashes_the_router_computed() -> None:
     """llm-d reads every prompt's block hashes to route it; the replica it picks takes that list
     instead of hashing the prompt again (each prompt is hashed once, by the router), and the run
     is the one where each replica hashes its prompts itself."""
-    from collections import OrderedDict
     from unittest import mock
 
     from llmsched_gym.core import kv as kv_mod
@@ -132,8 +131,8 @@ def test_the_replicas_reuse_the_hashes_the_router_computed() -> None:
                 c.run()
                 assert len(calls) == n  # the router's, one per prompt; no replica hashed one again
             else:
-                for e in c.engines:  # each replica on its own, hashing what it serves
-                    e.kv._by_segments = OrderedDict()
+                for r, e in enumerate(c.engines):  # each replica on its own, hashing what it serves
+                    e.kv.share_head_hashes(KVCache(0, e.kv.block_size, c._rows[r].workload()))
                 with mock.patch.object(KVCache, "adopt_hashes", lambda self, rid, hashes: None):
                     c.run()
                 assert len(calls) == n + sum(len(ids) for ids in c.ids)

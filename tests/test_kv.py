@@ -123,7 +123,7 @@ def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
             running.discard(rid)
         elif op == "alloc":
             kv.make_room(rid)
-        cached = set(kv._ref)
+        cached = set(kv.cached_hashes())
         for h in cached:
             holders = sum(1 for r in running if h in kv.block_hashes(r)[: int(kv.shared[r])])
             assert kv.references(h) == holders
@@ -250,3 +250,70 @@ def test_lru_order_matches_an_ordered_dict_over_a_long_run(blocks, monkeypatch):
         assert kv.evicted_blocks > 1000 and trims > 10
     else:
         assert kv.evicted_blocks == 0 and len(compactions) >= 5
+
+
+def _state(kv: KVCache, n: int) -> tuple:
+    """Everything a caller can observe of a cache (its idle order in full, every request's match)."""
+    return (kv.used_blocks, kv.idle_blocks, kv.evicted_blocks, kv.hit_tokens, sorted(kv.cached_hashes()),
+            kv.next_evictions(10**6), kv.shared.tolist(), [kv.match_blocks(r) for r in range(n)],
+            [kv.match_detail(r) for r in range(n)], [kv.references(h) for h in kv.cached_hashes()],
+            [kv.match_hashes(kv.block_hashes(r)) for r in range(n)])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**16), st.sampled_from([1, 2, 4]), st.booleans(), st.integers(0, 90),
+       st.lists(st.tuples(st.sampled_from(["admit", "chunk", "finish", "alloc", "whatif"]), st.integers(0, 14)),
+                max_size=80))
+def test_runs_behave_as_one_entry_per_block(seed, bs, cap, switch, ops):
+    """The cache keeps plain LRU's blocks as runs (:class:`~llmsched_gym.core.kv._Run`): under
+    random admissions (hits, then the prompt published whole or chunk by chunk, some computed by
+    two requests at once), completions, allocations with evictions and the ledger's what-ifs,
+    it is observably the cache with one entry per block; installing a priority order part way
+    (``switch``) turns it into that cache with the same state, and both go on identically."""
+    from llmsched_gym.core.kv import _BlockKVCache
+
+    rng = np.random.default_rng(seed)
+    n = 15
+    heads = [((0, int(rng.integers(1, 12))),), ((0, 11), (1, int(rng.integers(1, 9)))), ((2, 7),), ((0, 11), (1, 8))]
+    prefix = [heads[int(rng.integers(0, 4))] + ((100 + i, int(rng.integers(0, 6))),) if rng.random() < 0.9 else None
+              for i in range(n)]
+    prompts = [sum(x for _, x in p) + int(rng.integers(0, 3)) if p else int(rng.integers(1, 20)) for p in prefix]
+    prompts = [max(p, 1) for p in prompts]
+    cap_tokens = int(rng.integers(20, 120))
+    a = KVCache(cap_tokens, bs, workload(prompts, prefix), cap_prompt_minus_one=cap)
+    b = _BlockKVCache(cap_tokens, bs, workload(prompts, prefix), cap_prompt_minus_one=cap)
+    assert type(a) is KVCache
+    prio = {}
+
+    def priority(h: int) -> float:
+        return prio.setdefault(h, float(rng.integers(0, 3)))
+
+    progress: dict[int, int] = {}
+    for step, (op, rid) in enumerate(ops):
+        if step == switch:
+            for kv in (a, b):
+                kv.set_eviction_priority(priority)
+            assert type(a) is _BlockKVCache and not a.prefix_closed
+        for kv in (a, b):
+            if op == "admit" and rid not in progress:
+                kv.acquire_prefix(rid)
+            elif op == "chunk" and rid in progress:
+                kv.publish_prefix(rid, progress[rid] + 2 * bs + 1)
+            elif op == "finish" and rid in progress:
+                kv.publish_prefix(rid, prompts[rid])
+                kv.release_prefix(rid)
+            elif op == "alloc":
+                kv.make_room(rid)
+            elif op == "whatif":
+                running = sorted(progress)
+                freed = [h for r in running[:1] for h in reversed(kv.block_hashes(r)[:int(kv.shared[r])])]
+                kv.whatif = kv.eviction_victims(rid, freed, lambda h: h % 3 == 0)
+        if op == "admit" and rid not in progress:
+            progress[rid] = int(a.shared[rid]) * bs
+        elif op == "chunk" and rid in progress:
+            progress[rid] += 2 * bs + 1
+        elif op == "finish":
+            progress.pop(rid, None)
+        if op == "whatif":
+            assert a.whatif == b.whatif
+        assert _state(a, n) == _state(b, n)

@@ -472,7 +472,7 @@ class Cluster:
         self._hashers: dict[int, KVCache] = {}
         if len(self.engines) > 1 and self.has_prefix:
             for e in self.engines:  # one cache of prompt-head hashes: the replicas' dicts share their int keys
-                e.kv._by_segments = self.hasher(e.kv.block_size)._by_segments
+                e.kv.share_head_hashes(self.hasher(e.kv.block_size))
         self._holders: _BlockHolders | None = None
         self._handover: dict[int, list[int]] = {}  # global id -> block hashes the router computed
         self.view = ClusterView(self)

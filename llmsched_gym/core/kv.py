@@ -93,6 +93,18 @@ def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     return h
 
 
+class _Run:
+    """A run of cached blocks of one hash chain that always change state together: the blocks
+    ``hashes`` (in chain order) at block positions ``start ..`` of every prompt that has them,
+    referenced by ``ref`` running requests (each holds whole runs: a request's held blocks end at
+    a run's end), idle when ``ref == 0`` and then at position ``pos`` of the LRU list (-1: none)."""
+
+    __slots__ = ("hashes", "start", "ref", "pos")
+
+    def __init__(self, hashes: list[int], start: int, ref: int) -> None:
+        self.hashes, self.start, self.ref, self.pos = hashes, start, ref, -1
+
+
 class KVCache:
     """Block accounting for one worker.
 
@@ -125,17 +137,7 @@ class KVCache:
         self._prompt = workload.prompt_tokens
         self._hashes: dict[int, list[int]] = {}  # live requests' block hashes (dropped by forget)
         self._by_segments: OrderedDict[tuple, tuple] = OrderedDict()  # recent prefixes (_chain_hashes)
-        # every cached block: ``_ref[hash]`` is its reference count (> 0) while running requests
-        # hold it, and ``-1 - p`` while it is idle, ``p`` its position in the LRU list: ``_lru``
-        # holds the idle blocks in release order (oldest first from index ``_head``; ``p`` is
-        # ``_base`` + the index), ``None`` where a block left it (referenced again, or evicted by
-        # priority). One dict for both: a block's transitions touch one hash-table entry.
-        self._ref: dict[int, int] = {}
-        self._n_idle = 0
-        self._lru: list[int | None] = []
-        self._head = 0
-        self._base = 0
-        self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
+        self._init_store()
         self.prefix_closed = True
         """Every cached block's chain ancestors are cached too, so a prompt's cached blocks are a
         head of its hash list: true under plain LRU (a block's ancestors are held whenever it is,
@@ -204,6 +206,345 @@ class KVCache:
         cluster's router-side index), as ``rid``'s block hashes instead of computing them again."""
         self._hashes[rid] = hashes
 
+    def share_head_hashes(self, other: KVCache) -> None:
+        """Keep prompt-head hash states (:func:`_chain_hashes`) in ``other``'s cache of them, so that
+        equal prompt heads hash to the same int objects in both (a cluster's replicas share the
+        router-side hasher's: their prefix dicts are then keyed by the same objects)."""
+        self._by_segments = other._by_segments
+
+    def block_hashes(self, rid: int) -> list[int]:
+        """Hashes of ``rid``'s full shareable head blocks, in prompt order."""
+        return self._block_hashes(rid)
+
+    def match_tokens(self, rid: int) -> int:
+        return self.match_blocks(rid) * self.block_size
+
+    # ---- plain LRU: the cached blocks as runs ----------------------------------------------
+    # Under plain LRU the cached blocks form a tree of hash chains (prefix closed): the blocks are
+    # kept as runs (:class:`_Run`) cut where requests' held heads end or chains branch, so that
+    # admitting a request or releasing it costs O(runs on its chain) rather than O(blocks); a
+    # priority eviction order (:meth:`set_eviction_priority`) switches the cache to one entry per
+    # block (:class:`_BlockKVCache`). Both give the same results.
+
+    def _init_store(self) -> None:
+        self._node: dict[int, _Run] = {}  # every cached block -> its run
+        # the idle runs in release order (oldest first from index ``_head``; a run's ``pos`` is
+        # ``_base`` + its index), ``None`` where a run left the list; each run's blocks are queued
+        # deepest first (a request's blocks are released tail first)
+        self._lru: list[_Run | None] = []
+        self._head = 0
+        self._base = 0
+        self._n_idle = 0  # idle blocks
+        self._n_idle_runs = 0
+        self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
+
+    def _common(self, run: _Run, hashes: list[int], b: int, n: int) -> int:
+        """How many leading blocks of ``run`` (which holds ``hashes[b]`` as its first block) equal
+        ``hashes[b:n]``: chained hashes are equal up to some block and differ after it."""
+        rh = run.hashes
+        end = b + len(rh)
+        if end <= n and rh[-1] == hashes[end - 1]:
+            return len(rh)
+        lo, hi = 1, min(len(rh), n - b)
+        while lo < hi:
+            mid = (lo + hi + 1) >> 1
+            if rh[mid - 1] == hashes[b + mid - 1]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _walk(self, hashes: list[int], n: int) -> int:
+        """Leading blocks of ``hashes[:n]`` cached (used or idle): O(runs)."""
+        node, b = self._node, 0
+        while b < n:
+            run = node.get(hashes[b])
+            if run is None:
+                break
+            k = self._common(run, hashes, b, n)
+            b += k
+            if k < len(run.hashes):
+                break
+        return b
+
+    def _split(self, run: _Run, k: int) -> None:
+        """Cut ``run`` after its first ``k`` blocks; the rest becomes a run of its own (taking the
+        run's place in the LRU list when idle: the caller references the first part)."""
+        rh = run.hashes
+        tail = _Run(rh[k:], run.start + k, run.ref)
+        del rh[k:]
+        node = self._node
+        for h in tail.hashes:
+            node[h] = tail
+        if run.pos >= 0:
+            tail.pos = run.pos
+            self._lru[run.pos - self._base] = tail
+            run.pos = -1
+            self._n_idle_runs += 1  # the first part is counted again when the caller takes it
+
+    def _take(self, run: _Run) -> int:
+        """Reference ``run`` once more; returns its blocks if it was idle (they become used)."""
+        r = run.ref
+        run.ref = r + 1
+        if r:
+            return 0
+        if run.pos >= 0:
+            self._lru[run.pos - self._base] = None
+            run.pos = -1
+        self._n_idle_runs -= 1
+        return len(run.hashes)
+
+    def match_blocks(self, rid: int) -> int:
+        if not self.enabled:
+            return 0
+        memo = self._matched
+        if self._matched_ver != self._ver:
+            memo.clear()
+            self._matched_ver = self._ver
+        else:
+            n = memo.get(rid)
+            if n is not None:
+                return n
+        hashes = self._block_hashes(rid)
+        n = len(hashes)
+        if self.cap_prompt_minus_one:
+            n = min(n, (int(self._prompt[rid]) - 1) // self.block_size)
+        n = self._walk(hashes, n) if n > 0 else 0
+        if len(memo) >= 64:
+            memo.clear()
+        memo[rid] = n
+        return n
+
+    def acquire_prefix(self, rid: int) -> int:
+        """Reference the cached head blocks of ``rid``; returns the number of hit tokens."""
+        m = self.match_blocks(rid)
+        if m == 0:
+            return 0
+        hashes = self._block_hashes(rid)
+        node = self._node
+        run = node[hashes[m - 1]]
+        if run.start + len(run.hashes) > m:
+            self._split(run, m - run.start)
+        newly_used = 0
+        while True:
+            newly_used += self._take(run)
+            if not run.start:
+                break
+            run = node[hashes[run.start - 1]]
+        if newly_used:
+            self.used_blocks += newly_used
+            self._n_idle -= newly_used
+        self._held[rid] = m
+        self.shared[rid] = m
+        self.hit_tokens += m * self.block_size
+        return m * self.block_size
+
+    def publish_prefix(self, rid: int, prefilled_tokens: int) -> None:
+        """After prefill, the request's full head blocks become shareable cache entries."""
+        if not self.enabled:
+            return
+        hashes = self._block_hashes(rid)
+        held = self._held.get(rid, 0)
+        upto = min(len(hashes), prefilled_tokens // self.block_size)
+        b, node = held, self._node
+        while b < upto:  # blocks another request computed at the same time: share them
+            run = node.get(hashes[b])
+            if run is None:
+                break
+            k = self._common(run, hashes, b, upto)
+            if k < len(run.hashes):
+                self._split(run, k)
+            idle = self._take(run)
+            if idle:  # idle: our copy is dropped, the cached one becomes used
+                self._n_idle -= idle
+            else:  # in use: our copy is dropped
+                self.used_blocks -= k
+            b += k
+        if b < upto:
+            run = _Run(hashes[b:upto], b, 1)
+            watch = self.watch
+            for hsh in run.hashes:
+                node[hsh] = run
+                if watch is not None:
+                    watch.cached(hsh)
+            self._ver += 1
+        if upto > held:
+            self._held[rid] = held = upto
+        self.shared[rid] = held
+
+    def release_prefix(self, rid: int) -> None:
+        """Drop ``rid``'s references; unreferenced blocks stay cached (LRU order)."""
+        held = self._held.pop(rid, 0)
+        if not held:
+            return
+        hashes = self._block_hashes(rid)
+        node, lru = self._node, self._lru
+        n0 = len(lru)
+        freed = 0
+        b = held
+        while b:
+            run = node[hashes[b - 1]]
+            r = run.ref - 1
+            run.ref = r
+            if not r:
+                run.pos = self._base + len(lru)
+                lru.append(run)
+                freed += len(run.hashes)
+            b = run.start
+        self._n_idle_runs += len(lru) - n0
+        self.used_blocks -= freed
+        self._n_idle += freed
+        self.shared[rid] = 0
+        if len(lru) - self._head > 2 * self._n_idle_runs + _LRU_SLACK:
+            self._compact()
+
+    def make_room(self, n_blocks: int) -> None:
+        """Evict idle cached blocks (LRU first, or by priority) so ``n_blocks`` more can be allocated."""
+        excess = self.used_blocks + self._n_idle + n_blocks - self.capacity_blocks
+        if excess <= 0 or not self._n_idle:
+            return
+        self._ver += 1
+        node, lru, watch = self._node, self._lru, self.watch
+        while excess > 0 and self._n_idle:
+            i = self._head
+            run = lru[i]
+            while run is None:  # runs that left the list
+                i += 1
+                run = lru[i]
+            rh = run.hashes
+            k = min(excess, len(rh))
+            for _ in range(k):  # the run's deepest blocks first
+                hsh = rh.pop()
+                del node[hsh]
+                if watch is not None:
+                    watch.evicted(hsh)
+            self._n_idle -= k
+            self.evicted_blocks += k
+            excess -= k
+            if rh:
+                self._head = i
+            else:
+                lru[i] = None
+                run.pos = -1
+                self._n_idle_runs -= 1
+                self._head = i + 1
+        head = self._head
+        if head > _LRU_SLACK // 4 and 2 * head > len(lru):  # drop the consumed entries (positions unchanged)
+            del lru[:head]
+            self._base += head
+            self._head = 0
+
+    # ---- queries for schedulers ----------------------------------------------------------
+    def match_detail(self, rid: int) -> tuple[int, int]:
+        """``(matched, idle)``: the head blocks ``rid`` would reuse now (:meth:`match_blocks`) and
+        how many of them are idle, i.e. become used (not newly allocated) when it is admitted."""
+        if not self.enabled:
+            return 0, 0
+        hashes = self._block_hashes(rid)
+        n = len(hashes)
+        if self.cap_prompt_minus_one:
+            n = min(n, max((int(self._prompt[rid]) - 1) // self.block_size, 0))
+        node, b, idle = self._node, 0, 0
+        while b < n:
+            run = node.get(hashes[b])
+            if run is None:
+                break
+            k = self._common(run, hashes, b, n)
+            if not run.ref:
+                idle += k
+            b += k
+            if k < len(run.hashes):
+                break
+        return b, idle
+
+    def match_hashes(self, hashes: list[int]) -> int:
+        """How many leading blocks of ``hashes`` (a prompt's chained block hashes, e.g. of a
+        request not placed here yet) the cache holds, used or idle."""
+        return self._walk(hashes, len(hashes))
+
+    def cached_hashes(self) -> list[int]:
+        """Every block cached now (used or idle), by hash."""
+        return list(self._node)
+
+    def references(self, hsh: int) -> int:
+        """Running requests holding cached block ``hsh`` (0: idle, or not cached)."""
+        run = self._node.get(hsh)
+        return 0 if run is None else run.ref
+
+    def next_evictions(self, k: int) -> list[int]:
+        """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
+        return list(islice(self._idle_order(), k))
+
+    def eviction_victims(self, k: int, freed: list[int], skip: Callable[[int], bool]) -> list[int]:
+        """The ``k`` blocks :meth:`make_room` would evict if ``freed`` became idle first (in that
+        order) and the blocks for which ``skip`` is true were idle no longer: a what-if for the
+        memory ledger, which replays a plan without changing the cache."""
+        if k <= 0:
+            return []
+        out: list[int] = []
+        for hsh in (*self._idle_order(), *freed):  # the idle order, then the blocks freed after it
+            if not skip(hsh):
+                out.append(hsh)
+                if len(out) == k:
+                    break
+        return out
+
+    def idle_below(self, priority: float) -> int:
+        """Idle blocks whose eviction priority is below ``priority`` (priority mode only)."""
+        return 0
+
+    def set_eviction_priority(self, priority: Callable[[int], float] | None) -> None:
+        """Evict idle blocks lowest ``priority(block_hash)`` first (LRU among equals); ``None``
+        restores plain LRU. Blocks already idle keep their LRU rank."""
+        if priority is None:
+            return
+        _BlockKVCache.of_runs(self)
+        self.set_eviction_priority(priority)
+
+    def reprioritize(self, hashes: Iterable[int]) -> None:
+        """The priorities of ``hashes`` changed; idle ones are re-ranked (their LRU rank kept)."""
+
+    def _idle_order(self) -> Iterator[int]:
+        """The idle blocks, least recently released first."""
+        return (h for run in islice(self._lru, self._head, None) if run is not None for h in reversed(run.hashes))
+
+    def _compact(self) -> None:
+        """Drop the ``None`` entries of the LRU list (amortised O(1) per run leaving it)."""
+        lru = self._lru = [run for run in islice(self._lru, self._head, None) if run is not None]
+        self._head = self._base = 0
+        for i, run in enumerate(lru):
+            run.pos = i
+
+
+class _BlockKVCache(KVCache):
+    """The cache with one entry per block, for any eviction order: what a :class:`KVCache` becomes
+    when a priority eviction order is installed (:meth:`of_runs`)."""
+
+    def _init_store(self) -> None:
+        # every cached block: ``_ref[hash]`` is its reference count (> 0) while running requests
+        # hold it, and ``-1 - p`` while it is idle, ``p`` its position in the LRU list: ``_lru``
+        # holds the idle blocks in release order (oldest first from index ``_head``; ``p`` is
+        # ``_base`` + the index), ``None`` where a block left it (referenced again, or evicted by
+        # priority). One dict for both: a block's transitions touch one hash-table entry.
+        self._ref: dict[int, int] = {}
+        self._n_idle = 0
+        self._lru: list[int | None] = []
+        self._head = 0
+        self._base = 0
+        self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
+
+    @classmethod
+    def of_runs(cls, kv: KVCache) -> None:
+        """Turn ``kv`` (kept as runs, plain LRU) into this form in place, with the same state."""
+        ref = {h: run.ref for h, run in kv._node.items()}
+        lru = list(kv._idle_order())
+        for i, h in enumerate(lru):
+            ref[h] = -1 - i
+        del kv._node, kv._n_idle_runs
+        kv.__class__ = cls
+        kv._ref, kv._lru, kv._head, kv._base = ref, lru, 0, 0
+
+
     def match_blocks(self, rid: int) -> int:
         if not self.enabled:
             return 0
@@ -228,9 +569,6 @@ class KVCache:
             memo.clear()
         memo[rid] = n
         return n
-
-    def match_tokens(self, rid: int) -> int:
-        return self.match_blocks(rid) * self.block_size
 
     def acquire_prefix(self, rid: int) -> int:
         """Reference the cached head blocks of ``rid``; returns the number of hit tokens."""
@@ -336,11 +674,6 @@ class KVCache:
             self._base += head
             self._head = 0
 
-    # ---- queries for schedulers ----------------------------------------------------------
-    def block_hashes(self, rid: int) -> list[int]:
-        """Hashes of ``rid``'s full shareable head blocks, in prompt order."""
-        return self._block_hashes(rid)
-
     def match_detail(self, rid: int) -> tuple[int, int]:
         """``(matched, idle)``: the head blocks ``rid`` would reuse now (:meth:`match_blocks`) and
         how many of them are idle, i.e. become used (not newly allocated) when it is admitted."""
@@ -405,7 +738,6 @@ class KVCache:
         """Idle blocks whose eviction priority is below ``priority`` (priority mode only)."""
         return sum(n for p, n in self._count.items() if p < priority)
 
-    # ---- pluggable eviction priority -----------------------------------------------------
     def set_eviction_priority(self, priority: Callable[[int], float] | None) -> None:
         """Evict idle blocks lowest ``priority(block_hash)`` first (LRU among equals); ``None``
         restores plain LRU. Blocks already idle keep their LRU rank."""
