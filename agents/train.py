@@ -775,6 +775,7 @@ def train(cfg: TrainConfig, curves: Any = None) -> dict[str, Any]:
     final = evaluate(model) if cfg.score_every else {}
     if curve is not None:
         curve.close()
+    model.logger.close()  # SB3's TensorBoard writer (it flushes after every dump; this ends its thread)
     venv.close()
     val_env.close()
     meta.update({

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +67,88 @@ def _specs(specs: list[str] | None) -> list[str]:
     return list(specs or [])
 
 
-def curve_setup() -> Any:
-    """The learning curve's tasks and hindsight search (application layer) for :func:`agents.train.train`."""
-    from agents.curves import CurveSetup
-    from llmsched_gym.benchmark import TASKS
+class _BenchmarkTasks(Mapping):
+    """``llmsched_gym.benchmark.TASKS`` by name, imported at the first look (a run whose recipe names
+    no task and that scores nothing never imports the benchmark)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Any] | None = None
+
+    def _get(self) -> dict[str, Any]:
+        if self._tasks is None:
+            from llmsched_gym.benchmark import TASKS
+
+            self._tasks = {t.name: t for t in TASKS}
+        return self._tasks
+
+    def __getitem__(self, name: str) -> Any:
+        return self._get()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+def _hindsight(*args: Any, **kwargs: Any) -> Any:
+    """:func:`llmsched_gym.hindsight.hindsight`, imported when a learning curve first asks."""
     from llmsched_gym.hindsight import hindsight
+
+    return hindsight(*args, **kwargs)
+
+
+def _route_hindsight(*args: Any, **kwargs: Any) -> Any:
+    """:func:`llmsched_gym.route_hindsight.route_hindsight`, imported when a learning curve first asks."""
     from llmsched_gym.route_hindsight import route_hindsight
 
-    return CurveSetup(tasks={t.name: t for t in TASKS}, hindsight=hindsight, route_hindsight=route_hindsight)
+    return route_hindsight(*args, **kwargs)
+
+
+def curve_setup() -> Any:
+    """The learning curve's tasks and hindsight search (application layer) for
+    :func:`agents.train.train`, each imported when first used (~0.02 CPU-s that a run with
+    ``--score-every 0`` and no task does not need)."""
+    from agents.curves import CurveSetup
+
+    return CurveSetup(tasks=_BenchmarkTasks(), hindsight=_hindsight, route_hindsight=_route_hindsight)
+
+
+# what TensorBoard's file layer imports only for remote log folders (s3://, fsspec URLs): boto3 and
+# botocore alone cost ~0.05 CPU-s of every `llmsched train`, whose logs are local run folders
+_REMOTE_FS_MODULES = ("boto3", "botocore", "botocore.exceptions", "fsspec")
+
+
+def _import_rl_stack() -> None:
+    """Import torch, Stable-Baselines3 and the training module the cheap way, for a process that
+    trains and ends (``llmsched train``).
+
+    * No collections while they import: their ~200k objects would be walked by every full
+      collection on the way (0.15-0.3 CPU-s); imports make no cyclic garbage worth collecting.
+      Then ``gc.freeze()``: this process ends after training, so the objects of the imported
+      modules go to the collector's permanent generation, and neither the full collections during
+      training nor the interpreter's exit walk them again (0.3-0.8 CPU-s of a short run).
+    * SB3's logger imports TensorBoard, whose file layer imports boto3 (and fsspec) when they are
+      installed, for ``s3://`` log folders. Not needed here: they are blocked while TensorBoard
+      imports (it then reads and writes local files only, as every run folder is), and importable
+      again afterwards.
+    """
+    import gc
+
+    blocked = [m for m in _REMOTE_FS_MODULES if m not in sys.modules]
+    gc.disable()
+    try:
+        for m in blocked:
+            sys.modules[m] = None  # type: ignore[assignment]  (import raises ImportError)
+        import stable_baselines3  # noqa: F401  (with torch and TensorBoard: before the freeze below)
+
+        import agents.train  # noqa: F401
+    finally:
+        for m in blocked:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
+        gc.freeze()
+        gc.enable()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -84,21 +160,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         from baselines import validate_spec
 
         validate_spec(args.bc_from, "--bc-from")
-    import gc
+    _import_rl_stack()
+    from agents.train import TrainConfig, train
 
-    # no collections while torch and SB3 import: their ~200k objects would be walked by every full
-    # collection on the way (0.15-0.3 CPU-s); imports make no cyclic garbage worth collecting
-    gc.disable()
-    try:
-        import stable_baselines3  # noqa: F401  (with torch: imported before the freeze below)
-
-        from agents.train import TrainConfig, train
-    finally:
-        # this process ends after training: the objects of the imported modules go to the
-        # collector's permanent generation, so that neither the full collections during training
-        # nor the interpreter's exit walk them again (0.3-0.8 CPU-s of a short run)
-        gc.freeze()
-        gc.enable()
     overrides, _ = _sets(args.set)
     env_kwargs = {"action_mode": args.action_mode, "admission": args.admission, "K": args.K, "order": args.order}
     cfg = TrainConfig(
@@ -214,7 +278,7 @@ def add_subcommands(sub: Any, formatter: type[argparse.HelpFormatter]) -> None:
     sp.add_argument("--max-minutes", type=float, default=None,
                     help="stop learning after this much wall time (default: no limit)")
     sp.add_argument("--no-progress", action="store_true", help="print no progress bar")
-    sp.set_defaults(func=cmd_train)
+    sp.set_defaults(func=cmd_train, quick_exit=True)
 
     sp = sub.add_parser("evaluate", help="agents and baselines on held-out seeds, with a report",
                         formatter_class=formatter)
