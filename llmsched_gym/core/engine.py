@@ -275,15 +275,19 @@ class _Deferred:
     """A fast-forwarded decode run not yet applied (:meth:`Engine.pending_to`): ``t`` the clock at
     each of its boundaries (``t[0]`` its start), ``d`` each step's duration, ``used`` the KV blocks
     in use after each step (``used0`` before), the log rows (``rows``, or columns ``cols``); the
-    stepped engine would stand at boundary ``cut``; the run ends at boundary ``end``."""
+    stepped engine would stand at boundary ``cut``; the run ends at boundary ``end``. A run of
+    scalar steps is computed only as far as it is read (``more``: what its next steps need;
+    ``None`` once ``end`` is the run's end), so that the steps past an arrival that cuts it are
+    never computed."""
 
-    __slots__ = ("ds", "used0", "t", "d", "used", "rows", "cols", "cut", "end")
+    __slots__ = ("ds", "used0", "t", "d", "used", "rows", "cols", "cut", "end", "more")
 
     def __init__(self, ds: _DecodeSet, used0: int, t: list[float], d: list[float], used: list[int],
-                 rows: list[tuple] | None, cols: dict[str, Any] | None) -> None:
+                 rows: list[tuple] | None, cols: dict[str, Any] | None, more: list | None = None) -> None:
         self.ds, self.used0, self.t, self.d, self.used, self.rows, self.cols = ds, used0, t, d, used, rows, cols
         self.cut = 0
         self.end = len(d)
+        self.more = more
 
 
 class Engine:
@@ -430,7 +434,12 @@ class Engine:
         old, n = self.n, len(workload)
         p = self.pending
         if p is not None and n > old:  # the pending run ends at the first boundary at or after the arrival
-            j = bisect.bisect_left(p.t, float(workload.arrival_s[old]), 1, p.end + 1)
+            a = float(workload.arrival_s[old])
+            if p.more is not None:
+                if p.t[-1] < a:
+                    self._defer_steps(p, a)
+                p.more = None
+            j = bisect.bisect_left(p.t, a, 1, p.end + 1)
             p.end = min(p.end, max(p.cut, j))
             if p.end == p.cut:  # the stepped engine stands there: apply it before the new rows
                 self.commit_pending()
@@ -1059,8 +1068,10 @@ class Engine:
         :attr:`pending` with ``defer``)."""
         kv, c = self.kv, self.counters
         bs, cap, used, b = kv.block_size, kv.capacity_blocks, kv.used_blocks, len(ds.members)
-        batch_time = self.latency.batch_time
         noise = self._noise_slice(c.n_iterations, k).tolist() if self.config.latency_noise_cv > 0 else None
+        if defer:
+            return self._defer_scalars(ds, k, limit, noise)
+        batch_time = self.latency.batch_time
         cnt, step, ctx, t = ds.cnt, ds.step, ds.ctx, self.clock
         nw, nr = len(self.waiting), len(self.running)
         rows = []
@@ -1085,10 +1096,6 @@ class Engine:
         n = len(rows)
         if n < 2:
             return False
-        if defer and t >= self.more_from:  # it crosses the routing point (else it is what a stepped run does)
-            self.pending = _Deferred(ds, kv.used_blocks, [r[0] for r in rows] + [t], [r[1] for r in rows],
-                                     [r[6] // bs for r in rows], rows, None)
-            return True
         if kv.enabled:
             kv.make_room(used - kv.used_blocks)
         kv.used_blocks = used
@@ -1096,6 +1103,59 @@ class Engine:
         self.log.add_rows(rows)
         self._ff_commit(ds, n, t, rows[1][0])
         return True
+
+    def _defer_scalars(self, ds: _DecodeSet, k: int, limit: float, noise: list[float] | None) -> bool:
+        """:meth:`_ff_scalars` with ``defer``: the run's steps up to the routing point (at least 2)
+        are computed now, the rest when read (:meth:`_defer_steps`); a run that ends before the
+        routing point is applied at once, as a stepped engine runs it."""
+        kv = self.kv
+        p = _Deferred(ds, kv.used_blocks, [self.clock], [], [], [], None,
+                      [0, k, limit, noise, ds.ctx, self.clock, kv.used_blocks, len(self.waiting), len(self.running)])
+        self._defer_steps(p, self.more_from)
+        if p.end < 2:
+            return False
+        if p.t[-1] >= self.more_from:  # it crosses the routing point (else it is what a stepped run does)
+            self.pending = p
+            return True
+        p.more = None
+        self.pending = p
+        self.commit_pending()
+        return True
+
+    def _defer_steps(self, p: _Deferred, until: float) -> None:
+        """Compute the pending run's next steps, as :meth:`_ff_scalars` does, until its clock reaches
+        ``until`` (and it has at least 2 steps) or the run ends (``p.more`` is then ``None``)."""
+        j, k, limit, noise, ctx, t, used, nw, nr = p.more
+        kv, ds = self.kv, p.ds
+        bs, cap, b, cnt, step = kv.block_size, kv.capacity_blocks, len(ds.members), ds.cnt, ds.step
+        batch_time = self.latency.batch_time
+        ts, ds_, us, rows = p.t, p.d, p.used, p.rows
+        ended = True
+        while j < k:
+            g = b if cnt is None else cnt[(step + j) % bs]
+            if used + g > cap:
+                break
+            used += g
+            d = batch_time(0, 0, 0, b, ctx)
+            if noise is not None:
+                d *= noise[j]
+            rows.append((t, d, 0, 0, b, ctx, used * bs, nw, nr, 0))
+            t = t + d
+            ts.append(t)
+            ds_.append(d)
+            us.append(used)
+            ctx += b
+            j += 1
+            if t >= limit:
+                break
+            if t >= until and j >= 2:
+                ended = j == k
+                break
+        p.end = j
+        if ended:
+            p.more = None
+        else:
+            p.more[0], p.more[4], p.more[5], p.more[6] = j, ctx, t, used
 
     def _ff_arrays(self, ds: _DecodeSet, k: int, limit: float, defer: bool = False) -> bool:
         """Up to ``k`` steps as array operations (long runs; kept in :attr:`pending` with ``defer``)."""
@@ -1162,6 +1222,8 @@ class Engine:
         stopped exactly at ``limit``), or ``None`` when the run ends before ``limit``: it is then
         committed, and the engine goes on as usual from its end."""
         p = self.pending
+        if p.more is not None and p.t[-1] < limit:
+            self._defer_steps(p, limit)
         t, i = p.t, p.cut
         if t[p.end] < limit:
             self.commit_pending()
@@ -1171,8 +1233,9 @@ class Engine:
                self.waiting_tokens)
         if t[i] < limit:
             j = bisect.bisect_left(t, limit, i + 1, p.end + 1)
-            if j == p.end or t[j] == limit:  # the stepped engine has ended the run, or stopped on the point
-                p.end = j
+            if (j == p.end and p.more is None) or t[j] == limit:  # the stepped engine has ended the run,
+                p.end = j                                            # or stopped on the point
+                p.more = None
                 self.commit_pending()
                 if t[j] == limit:
                     return len(self.waiting), len(self.running), kv.used_tokens, self.waiting_tokens
@@ -1184,7 +1247,10 @@ class Engine:
 
     def commit_pending(self) -> None:
         """Apply the pending run's steps (up to its end) to the engine, as the fast-forward does."""
-        p, self.pending = self.pending, None
+        p = self.pending
+        if p.more is not None:  # the engine goes on from the run's end, as the whole run is applied
+            self._defer_steps(p, math.inf)
+        self.pending = None
         m, kv, c = p.end, self.kv, self.counters
         used, d = p.used[:m], p.d[:m]
         kti, busy = c.kv_time_integral, c.busy_time
