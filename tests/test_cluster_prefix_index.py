@@ -132,7 +132,7 @@ def test_the_replicas_reuse_the_hashes_the_router_computed() -> None:
                 assert len(calls) == n  # the router's, one per prompt; no replica hashed one again
             else:
                 for r, e in enumerate(c.engines):  # each replica on its own, hashing what it serves
-                    e.kv.share_head_hashes(KVCache(0, e.kv.block_size, c._rows[r].workload()))
+                    e.kv.share_head_hashes(KVCache(0, e.kv.block_size, c._rows[r].workload))
                 with mock.patch.object(KVCache, "adopt_hashes", lambda self, rid, hashes: None):
                     c.run()
                 assert len(calls) == n + sum(len(ids) for ids in c.ids)

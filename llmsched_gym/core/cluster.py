@@ -319,7 +319,8 @@ _ROW_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output"
 
 
 class _Rows:
-    """A replica's requests: growable copies of the global workload's rows (doubling buffers)."""
+    """A replica's requests: growable copies of the global workload's rows (doubling buffers), seen
+    through one :class:`Workload` (:attr:`workload`) whose arrays are re-sliced as rows are added."""
 
     def __init__(self, wl: Workload) -> None:
         self.n = 0
@@ -327,44 +328,46 @@ class _Rows:
         self.bufs = {f: np.zeros(64, dtype=getattr(wl, f).dtype) for f in _ROW_FIELDS}
         self.prefix: list | None = [] if wl.prefix is not None else None
         self.wl = wl
+        self._pairs = [(self.bufs[f], getattr(wl, f)) for f in _ROW_FIELDS]
+        w = self.workload = object.__new__(Workload)  # the global rows were validated
+        w.prefix = self.prefix
+        w.client_weight = wl.client_weight
+        w.meta = wl.meta
+        self._slice()
+
+    def _slice(self) -> None:
+        w, n = self.workload, self.n
+        for f, b in self.bufs.items():
+            setattr(w, f, b[:n])
 
     def add(self, gids: list[int], arrivals: list[float] | None = None) -> Workload:
         """Append the rows of global ids ``gids`` (with ``arrivals`` instead of theirs: migrated
-        requests arrive when their KV transfer ends)."""
+        requests arrive when their KV transfer ends); returns :attr:`workload`."""
         n0, k = self.n, len(gids)
         n = n0 + k
         if n > len(self.gids):
             cap = max(n, 2 * len(self.gids))
             self.gids = _resized(self.gids, cap)
             self.bufs = {f: _resized(b, cap) for f, b in self.bufs.items()}
-        wl = self.wl
+            self._pairs = [(self.bufs[f], getattr(self.wl, f)) for f in _ROW_FIELDS]
         if k == 1:  # one request, the usual case: scalars
             g = gids[0]
             self.gids[n0] = g
-            for f, b in self.bufs.items():
-                b[n0] = getattr(wl, f)[g]
+            for b, col in self._pairs:
+                b[n0] = col[g]
         else:
             idx = np.asarray(gids, dtype=np.int64)
             self.gids[n0:n] = idx
-            for f, b in self.bufs.items():
-                b[n0:n] = getattr(wl, f)[idx]
+            for b, col in self._pairs:
+                b[n0:n] = col[idx]
         if arrivals is not None:
             self.bufs["arrival_s"][n0:n] = arrivals
         if self.prefix is not None:
-            p = wl.prefix
+            p = self.wl.prefix
             self.prefix.extend(p[g] for g in gids)
         self.n = n
-        return self.workload()
-
-    def workload(self) -> Workload:
-        """The rows so far as a :class:`Workload` of views (the global rows were validated)."""
-        wl = object.__new__(Workload)
-        for f in _ROW_FIELDS:
-            setattr(wl, f, self.bufs[f][:self.n])
-        wl.prefix = self.prefix
-        wl.client_weight = self.wl.client_weight
-        wl.meta = self.wl.meta
-        return wl
+        self._slice()
+        return self.workload
 
 
 def _resized(a: np.ndarray, cap: int) -> np.ndarray:
@@ -464,9 +467,8 @@ class Cluster:
         self.refresh_s = float(refresh_s)
         self.has_prefix = workload.has_prefix
         self._rows = [_Rows(workload) for _ in self.replicas]
-        empty = self._rows[0].workload()
-        self.engines = [Engine(empty, r.config, r.latency, r.scheduler, seed=_replica_seed(seed, i))
-                        for i, r in enumerate(self.replicas)]
+        self.engines = [Engine(rows.workload, r.config, r.latency, r.scheduler, seed=_replica_seed(seed, i))
+                        for i, (r, rows) in enumerate(zip(self.replicas, self._rows, strict=True))]
         self.placement = np.full(len(workload), -1, dtype=np.int64)
         """The replica each request was routed to (-1: not routed: it arrives after the horizon)."""
         self._hashers: dict[int, KVCache] = {}
@@ -593,6 +595,7 @@ class Cluster:
         due = mig.interval_s if mig is not None else math.inf  # the next migration round
         i = 0
         start, j = self._window(arrival, 0, n_routed)
+        given: list[list[int]] | None = None  # routed, handed over when each replica is next visited
         while True:
             busy = mig is not None and self._busy(horizon)
             if start == math.inf and not busy:
@@ -602,7 +605,8 @@ class Cluster:
             stop = tick if at_tick else start
             if at_tick:
                 due = stop + mig.interval_s
-            self._advance(stop)
+            self._advance(stop, given)
+            given = None
             view.now = stop
             if at_tick:
                 self._migrate(stop)
@@ -613,8 +617,13 @@ class Cluster:
                     batches[self._place(rid, r)].append(rid)
                 i = j
                 start, j = self._window(arrival, i, n_routed)
-            self._extend(batches, min(start, self._grid(due)) if mig is not None else start)
-        for e in engines:
+            if mig is not None:
+                self._extend(batches, min(start, self._grid(due)))
+            else:
+                given = batches
+        for r, e in enumerate(engines):
+            if given and given[r]:
+                self._give(r, given[r])
             e.more_from = None
             e.defer_ff = False
             e.run()
@@ -745,11 +754,15 @@ class Cluster:
             view.kv_used[s] -= used_before - src.kv.used_tokens
             view.kv_used[d] += need * dkv.block_size
 
-    def _advance(self, limit: float) -> None:
+    def _advance(self, limit: float, given: list[list[int]] | None = None) -> None:
         """Run every replica up to its first iteration boundary at or after ``limit`` (or until it
-        pauses without work), then read the load signals the router will see."""
-        view = self.view
+        pauses without work), then read the load signals the router will see. ``given``: the
+        requests routed to each replica at the last routing point, handed over first (one visit
+        of each replica per routing point)."""
+        view, give = self.view, self._give
         for r, e in enumerate(self.engines):
+            if given and given[r]:
+                give(r, given[r])
             e.more_from = limit
             # a deferred decode run (Engine.pending_to) that goes past the point needs no stepping
             sig = e.pending_to(limit) if e.pending is not None else None

@@ -425,7 +425,7 @@ class Engine:
         """Requests placed on this engine at run time (a cluster's router, :mod:`llmsched_gym.core.cluster`).
 
         ``workload`` is the current workload with rows appended (arrivals not earlier than the
-        last one); the new requests get the next ids. Per-request arrays grow by doubling, so a
+        last one), a new object or the engine's own grown in place; the new requests get the next ids. Per-request arrays grow by doubling, so a
         request costs O(1) amortised. While ``more_from`` is a time (not ``None``), more requests
         may still come, none arriving before it: :meth:`poll` then pauses (returns False without
         finishing) when there is nothing to do, and ``next_arrival_s`` is at most ``more_from``.
@@ -443,12 +443,16 @@ class Engine:
             p.end = min(p.end, max(p.cut, j))
             if p.end == p.cut:  # the stepped engine stands there: apply it before the new rows
                 self.commit_pending()
+        same = workload is self.workload  # grown in place (a cluster's replica): the view still reads it
         self.workload, self.n = workload, n
-        if self.view is not None:
+        if self.view is not None and not same:
             self.view.rebind()
         if n == old:
             return
-        self._arrival.extend(workload.arrival_s[old:].tolist())
+        if n - old == 1:
+            self._arrival.append(float(workload.arrival_s[old]))
+        else:
+            self._arrival.extend(workload.arrival_s[old:].tolist())
         p, o = workload.prompt_tokens, workload.output_tokens
         self._prompt, self._output = p, o
         if n + 1 > self._cap:
