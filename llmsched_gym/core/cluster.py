@@ -760,6 +760,7 @@ class Cluster:
         requests routed to each replica at the last routing point, handed over first (one visit
         of each replica per routing point)."""
         view, give = self.view, self._give
+        waiting, running, kv_used, waiting_tokens = [], [], [], []
         for r, e in enumerate(self.engines):
             if given and given[r]:
                 give(r, given[r])
@@ -780,15 +781,20 @@ class Cluster:
                     if sig is None or e.clock <= limit:  # at a boundary (or paused): the state as it is
                         sig = (len(e.waiting), len(e.running), e.kv.used_tokens, e.waiting_tokens)
             pending = e.n - e.next_idx  # routed here, not yet arrived in the engine
-            queued = int(e._prompt_cum[e.n] - e._prompt_cum[e.next_idx])
-            if e._incoming:  # migrated requests on their way arrive running, not queued
-                pending -= len(e._incoming)
-                queued -= sum(int(e._prompt[x]) for x in e._incoming)
-            view.waiting[r] = sig[0] + pending
-            view.running[r] = sig[1] + len(e._incoming)
-            view.kv_used[r] = sig[2]
-            view.waiting_tokens[r] = sig[3] + queued
-        view.outstanding[:] = view.waiting + view.running
+            queued = int(e._prompt_cum[e.n] - e._prompt_cum[e.next_idx]) if pending else 0
+            incoming = e._incoming
+            if incoming:  # migrated requests on their way arrive running, not queued
+                pending -= len(incoming)
+                queued -= sum(int(e._prompt[x]) for x in incoming)
+            waiting.append(sig[0] + pending)
+            running.append(sig[1] + len(incoming) if incoming else sig[1])
+            kv_used.append(sig[2])
+            waiting_tokens.append(sig[3] + queued)
+        view.waiting[:] = waiting
+        view.running[:] = running
+        view.kv_used[:] = kv_used
+        view.waiting_tokens[:] = waiting_tokens
+        np.add(view.waiting, view.running, out=view.outstanding)
 
     # ---- results --------------------------------------------------------------------------
     def records(self) -> _Merged:
