@@ -227,7 +227,7 @@ class KVCache:
     # block (:class:`_BlockKVCache`). Both give the same results.
 
     def _init_store(self) -> None:
-        self._node: dict[int, _Run] = {}  # every cached block -> its run
+        self._runs: dict[int, _Run] = {}  # every cached run, by the hash of its first block
         # the idle runs in release order (oldest first from index ``_head``; a run's ``pos`` is
         # ``_base`` + its index), ``None`` where a run left the list; each run's blocks are queued
         # deepest first (a request's blocks are released tail first)
@@ -255,8 +255,9 @@ class KVCache:
         return lo
 
     def _walk(self, hashes: list[int], n: int) -> int:
-        """Leading blocks of ``hashes[:n]`` cached (used or idle): O(runs)."""
-        node, b = self._node, 0
+        """Leading blocks of ``hashes[:n]`` cached (used or idle): O(runs). A run that holds block
+        ``b`` of a chain starts there when ``b`` is 0 or the end of the chain's previous run."""
+        node, b = self._runs, 0
         while b < n:
             run = node.get(hashes[b])
             if run is None:
@@ -273,9 +274,7 @@ class KVCache:
         rh = run.hashes
         tail = _Run(rh[k:], run.start + k, run.ref)
         del rh[k:]
-        node = self._node
-        for h in tail.hashes:
-            node[h] = tail
+        self._runs[tail.hashes[0]] = tail
         if run.pos >= 0:
             tail.pos = run.pos
             self._lru[run.pos - self._base] = tail
@@ -293,6 +292,15 @@ class KVCache:
             run.pos = -1
         self._n_idle_runs -= 1
         return len(run.hashes)
+
+    def _path(self, hashes: list[int], m: int) -> list[_Run]:
+        """The runs that hold ``hashes[:m]`` (cached), from the chain's first block."""
+        node, b, path = self._runs, 0, []
+        while b < m:
+            run = node[hashes[b]]
+            path.append(run)
+            b += len(run.hashes)
+        return path
 
     def match_blocks(self, rid: int) -> int:
         if not self.enabled:
@@ -320,17 +328,13 @@ class KVCache:
         m = self.match_blocks(rid)
         if m == 0:
             return 0
-        hashes = self._block_hashes(rid)
-        node = self._node
-        run = node[hashes[m - 1]]
+        path = self._path(self._block_hashes(rid), m)
+        run = path[-1]
         if run.start + len(run.hashes) > m:
             self._split(run, m - run.start)
         newly_used = 0
-        while True:
+        for run in path:
             newly_used += self._take(run)
-            if not run.start:
-                break
-            run = node[hashes[run.start - 1]]
         if newly_used:
             self.used_blocks += newly_used
             self._n_idle -= newly_used
@@ -346,7 +350,7 @@ class KVCache:
         hashes = self._block_hashes(rid)
         held = self._held.get(rid, 0)
         upto = min(len(hashes), prefilled_tokens // self.block_size)
-        b, node = held, self._node
+        b, node = held, self._runs
         while b < upto:  # blocks another request computed at the same time: share them
             run = node.get(hashes[b])
             if run is None:
@@ -361,11 +365,10 @@ class KVCache:
                 self.used_blocks -= k
             b += k
         if b < upto:
-            run = _Run(hashes[b:upto], b, 1)
+            run = node[hashes[b]] = _Run(hashes[b:upto], b, 1)
             watch = self.watch
-            for hsh in run.hashes:
-                node[hsh] = run
-                if watch is not None:
+            if watch is not None:
+                for hsh in run.hashes:
                     watch.cached(hsh)
             self._ver += 1
         if upto > held:
@@ -377,20 +380,16 @@ class KVCache:
         held = self._held.pop(rid, 0)
         if not held:
             return
-        hashes = self._block_hashes(rid)
-        node, lru = self._node, self._lru
+        lru = self._lru
         n0 = len(lru)
         freed = 0
-        b = held
-        while b:
-            run = node[hashes[b - 1]]
+        for run in reversed(self._path(self._block_hashes(rid), held)):
             r = run.ref - 1
             run.ref = r
             if not r:
                 run.pos = self._base + len(lru)
                 lru.append(run)
                 freed += len(run.hashes)
-            b = run.start
         self._n_idle_runs += len(lru) - n0
         self.used_blocks -= freed
         self._n_idle += freed
@@ -404,7 +403,7 @@ class KVCache:
         if excess <= 0 or not self._n_idle:
             return
         self._ver += 1
-        node, lru, watch = self._node, self._lru, self.watch
+        lru, watch = self._lru, self.watch
         while excess > 0 and self._n_idle:
             i = self._head
             run = lru[i]
@@ -413,17 +412,18 @@ class KVCache:
                 run = lru[i]
             rh = run.hashes
             k = min(excess, len(rh))
-            for _ in range(k):  # the run's deepest blocks first
-                hsh = rh.pop()
-                del node[hsh]
-                if watch is not None:
+            first = rh[0]
+            if watch is not None:
+                for hsh in rh[:-k - 1:-1]:  # the run's deepest blocks first
                     watch.evicted(hsh)
+            del rh[-k:]
             self._n_idle -= k
             self.evicted_blocks += k
             excess -= k
             if rh:
                 self._head = i
             else:
+                del self._runs[first]
                 lru[i] = None
                 run.pos = -1
                 self._n_idle_runs -= 1
@@ -444,7 +444,7 @@ class KVCache:
         n = len(hashes)
         if self.cap_prompt_minus_one:
             n = min(n, max((int(self._prompt[rid]) - 1) // self.block_size, 0))
-        node, b, idle = self._node, 0, 0
+        node, b, idle = self._runs, 0, 0
         while b < n:
             run = node.get(hashes[b])
             if run is None:
@@ -464,12 +464,30 @@ class KVCache:
 
     def cached_hashes(self) -> list[int]:
         """Every block cached now (used or idle), by hash."""
-        return list(self._node)
+        return [h for run in self._runs.values() for h in run.hashes]
 
     def references(self, hsh: int) -> int:
-        """Running requests holding cached block ``hsh`` (0: idle, or not cached)."""
-        run = self._node.get(hsh)
-        return 0 if run is None else run.ref
+        """Running requests holding cached block ``hsh`` (0: idle, or not cached); O(cached blocks):
+        along a prompt's chain, :meth:`chain_references` is O(runs)."""
+        for run in self._runs.values():
+            if hsh in run.hashes:
+                return run.ref
+        return 0
+
+    def chain_references(self, hashes: list[int]) -> list[int]:
+        """:meth:`references` of each block of ``hashes`` (a prompt's chained block hashes)."""
+        out: list[int] = []
+        node, b, n = self._runs, 0, len(hashes)
+        while b < n:
+            run = node.get(hashes[b])
+            if run is None:
+                break
+            k = self._common(run, hashes, b, n)
+            out += [run.ref] * k
+            b += k
+            if k < len(run.hashes):
+                break
+        return out + [0] * (n - b)
 
     def next_evictions(self, k: int) -> list[int]:
         """The next ``k`` idle blocks plain LRU would evict (LRU mode only)."""
@@ -533,14 +551,18 @@ class _BlockKVCache(KVCache):
         self._base = 0
         self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
 
+    def chain_references(self, hashes: list[int]) -> list[int]:
+        """:meth:`references` of each block of ``hashes``."""
+        return [self.references(h) for h in hashes]
+
     @classmethod
     def of_runs(cls, kv: KVCache) -> None:
         """Turn ``kv`` (kept as runs, plain LRU) into this form in place, with the same state."""
-        ref = {h: run.ref for h, run in kv._node.items()}
+        ref = {h: run.ref for run in kv._runs.values() for h in run.hashes}
         lru = list(kv._idle_order())
         for i, h in enumerate(lru):
             ref[h] = -1 - i
-        del kv._node, kv._n_idle_runs
+        del kv._runs, kv._n_idle_runs
         kv.__class__ = cls
         kv._ref, kv._lru, kv._head, kv._base = ref, lru, 0, 0
 

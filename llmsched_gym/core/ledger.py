@@ -349,8 +349,10 @@ class _Tally:
         self.freed: list[int] = []  # blocks the preemptions made idle, in the order the cache queues them
         self.evicted: set[int] = set()  # idle blocks make_room evicted
 
-    def _ref(self, h: int) -> int:
-        return self.refs[h] if h in self.refs else self.led.kv.references(h)
+    def _chain(self, hashes: list[int]) -> list[int]:
+        """Reference counts of a chain's leading blocks, with this tally's changes."""
+        refs = self.refs
+        return [refs[h] if h in refs else r for h, r in zip(hashes, self.led.kv.chain_references(hashes), strict=True)]
 
     def release(self, rid: int) -> None:
         """``rid`` is preempted: its own blocks are freed, and its shared prefix blocks that no other
@@ -362,8 +364,9 @@ class _Tally:
         if shared:
             refs = self.refs
             idle = []
-            for h in kv.block_hashes(rid)[:shared]:
-                r = self._ref(h) - 1
+            hashes = kv.block_hashes(rid)[:shared]
+            for h, r in zip(hashes, self._chain(hashes), strict=True):
+                r -= 1
                 refs[h] = r
                 if r == 0:
                     idle.append(h)
@@ -378,10 +381,9 @@ class _Tally:
         m = kv.match_blocks(rid)
         refs = self.refs
         hashes = kv.block_hashes(rid)[:m]
-        for i, h in enumerate(hashes):
+        for i, (h, r) in enumerate(zip(hashes, self._chain(hashes), strict=True)):
             if h in self.evicted:  # the match ends at the first block a swap-in evicted
                 return i
-            r = self._ref(h)
             if r == 0:
                 self.used += 1
                 self.idle -= 1
@@ -395,7 +397,8 @@ class _Tally:
         kv = self.led.kv
         excess = self.used + self.idle + blocks - kv.capacity_blocks
         if excess > 0 and self.idle:
+            # the candidates are idle in the cache or freed by this tally: their references are ours
             gone = kv.eviction_victims(excess, self.freed,
-                                       lambda h: h in self.evicted or self._ref(h) > 0)
+                                       lambda h: h in self.evicted or self.refs.get(h, 0) > 0)
             self.evicted.update(gone)
             self.idle -= len(gone)
