@@ -12,12 +12,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from conftest import quiet
+from hypothesis import given
+from hypothesis import strategies as st
 
 import llmsched_gym  # noqa: F401  (registers the ids)
 from llmsched_gym.config import ConfigError
 from llmsched_gym.env import ENV_ID
 from llmsched_gym.env.bench import random_masked_action
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
+from llmsched_gym.env.modes import rank_scores
 from llmsched_gym.env.vector import LLMSchedVectorEnv
 
 SMALL = {"workload.n_requests": 12}
@@ -293,3 +296,62 @@ def test_bench_train_reports_every_variant_of_each_mode():
             assert r["process_cpu_s"] > r["learn_cpu_s"]
             assert r["steps_per_cpu_s_incl_startup"] == pytest.approx(64 / r["process_cpu_s"])
             assert r["workload"].startswith("jaillet-high")  # what the run trained on (a stand-in would say so)
+
+
+def _ranked_like_the_env(row: np.ndarray, n: int) -> list[int] | None:
+    """What ``PriorityMode.step`` admits from scores ``row`` with ``n`` slots shown (None: invalid)."""
+    a = row.astype(np.float64)
+    if not np.abs(a).max(initial=0.0) <= 1.0:
+        return None
+    s = a[:n]
+    return np.argsort(-s, kind="stable")[: np.count_nonzero(s >= 0.0)].tolist()
+
+
+@given(st.integers(1, 9), st.integers(1, 12), st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]))
+def test_rank_scores_ranks_every_row_like_the_priority_step(n_envs, k, seed, dtype):
+    rng = np.random.default_rng(seed)
+    # coarse values: ties (ranked by slot), zeros of both signs, and rows out of range or NaN
+    a = (rng.integers(-4, 5, (n_envs, k)) / 4.0).astype(dtype)
+    a[rng.random((n_envs, k)) < 0.1] *= -0.0
+    bad = rng.random(n_envs)
+    a[bad < 0.15, 0] = np.nan
+    a[(bad >= 0.15) & (bad < 0.3), -1] = 1.5
+    shown = rng.integers(0, k + 1, n_envs).tolist()
+    got = rank_scores(a, shown)
+    assert got == [_ranked_like_the_env(a[i], shown[i]) for i in range(n_envs)]
+
+
+def test_rank_scores_leaves_what_is_not_a_float_batch_to_the_envs():
+    assert rank_scores(np.zeros((2, 3), np.int64), [3, 3]) == [None, None]
+    assert rank_scores([[0.5, 0.2], [0.1, 0.0]], [2, 2]) == [None, None]
+    assert rank_scores(np.zeros((3, 2), np.float32), [2, 2]) == [None, None]  # not one row per env
+
+
+def test_priority_vector_env_counts_invalid_rows_like_the_single_env():
+    n, k = 3, 5
+    vec = LLMSchedVectorEnv(n, "jaillet-high", action_mode="priority", K=k, overrides=SMALL, budget=64)
+    refs = [LLMSchedEnv("jaillet-high", action_mode="priority", K=k, overrides=SMALL, budget=64) for _ in range(n)]
+    obs, _ = vec.reset(seed=11)
+    for i, env in enumerate(refs):
+        env.reset(seed=11 + i)
+    rng = np.random.default_rng(5)
+    done = [False] * n
+    invalid = 0
+    for _ in range(300):
+        a = rng.uniform(-1, 1, (n, k)).astype(np.float32)
+        a[rng.random(n) < 0.1, 0] = np.nan
+        a[rng.random(n) < 0.1, 1] = -1.25
+        obs, rew, term, trunc, infos = vec.step(a)
+        for i, env in enumerate(refs):
+            if done[i]:
+                o, _ = env.reset()
+                r, te, tr, info = 0.0, False, False, None
+            else:
+                o, r, te, tr, info = env.step(a[i])
+            done[i] = te or tr
+            _assert_obs_equal(_obs_row(obs, i), o)
+            assert (rew[i], term[i], trunc[i]) == (r, te, tr)
+            if info is not None:
+                assert infos["invalid_actions"][i] == info["invalid_actions"]
+                invalid = max(invalid, info["invalid_actions"])
+    assert invalid > 0

@@ -168,7 +168,7 @@ def check_box(action, k: int, mode: str) -> np.ndarray | str:
     """A ``priority`` or ``knob`` action as float64, or an error message."""
     if type(action) is np.ndarray and action.shape == (k,) and action.dtype.kind == "f":
         a = action.astype(np.float64)
-        if np.abs(a).max(initial=0.0) <= 1.0:  # (False for NaN)
+        if np.maximum.reduce(np.abs(a), initial=0.0) <= 1.0:  # (False for NaN)
             return a
     try:
         if np.iscomplexobj(action):  # float64 conversion would silently drop the imaginary part

@@ -65,7 +65,7 @@ class FutureProfile:
             # for the maxima below, which the first of the group attains)
             f = c * self._desc[len(self._desc) - n:]
             f += suffix[:n]
-            self.peak = int(f.max())
+            self.peak = int(np.maximum.reduce(f))
             f += c
             np.maximum.accumulate(f, out=prefix_max[1:])
         else:

@@ -36,6 +36,8 @@ _BIN_LOW = np.array([1, *_EDGES, 1 << 62], np.int64)
 """Each bin's lowest remaining output, and a bound above all (remaining outputs are at least 1)."""
 _NO_HIST = np.zeros(N_BINS, np.int64)
 _NO_HIST.flags.writeable = False
+_sum = np.add.reduce
+"""``x.sum()`` of a 1-D array without the method's Python wrapper (the same reduction)."""
 
 
 class DecisionPoint:
@@ -160,7 +162,7 @@ class DecisionPoint:
                 key = self.target[ids]
             else:
                 key = self.deadline_key[ids]
-            ids = ids[np.argsort(key, kind="stable")]
+            ids = ids[key.argsort(kind="stable")]
             self.queue = ids.tolist()
             self.win = ids[:m]
         head = self.win[: self.K]
@@ -199,11 +201,11 @@ class DecisionPoint:
             if not emit:
                 base -= mid
                 rem += mid
-            self.shape = (n - n_mid, int(kvt.sum()) - int(kvt[mid].sum()), n_mid, int(left.sum()), int(pf[mid].sum()))
+            self.shape = (n - n_mid, int(_sum(kvt)) - int(_sum(kvt[mid])), n_mid, int(_sum(left)), int(_sum(pf[mid])))
             self.run_ids, self.run_left = ids, left
         else:
             base = kvt + pad if pad else kvt
-            self.shape = (n, int(kvt.sum()), 0, 0, 0)
+            self.shape = (n, int(_sum(kvt)), 0, 0, 0)
             self.run_left = None
         growth = self.led.running_growth(kvt, self.run_left, self.shape[3], self.shape[2])
         self.n_run = n

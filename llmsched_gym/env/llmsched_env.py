@@ -434,9 +434,11 @@ class LLMSchedEnv(gym.Env):
         reward, terminated, truncated, comps = self._step(action)
         return self._observe(), reward, terminated, truncated, self._info(comps)
 
-    def _step(self, action) -> tuple[float, bool, bool, dict[str, float] | None]:
+    def _step(self, action, ranked: list[int] | None = None) -> tuple[float, bool, bool, dict[str, float] | None]:
         """:meth:`step` without the observation and the info (the vector env builds those itself):
-        the reward, terminated, truncated and the reward components (``None``: all zero)."""
+        the reward, terminated, truncated and the reward components (``None``: all zero).
+        ``ranked``: ``priority`` mode, ``action`` already checked and ranked
+        (:func:`~llmsched_gym.env.modes.rank_scores`)."""
         if self.engine is None:
             raise RuntimeError("step() before reset()")
         if self._ended:
@@ -447,7 +449,10 @@ class LLMSchedEnv(gym.Env):
             return 0.0, self._terminated, not self._terminated, None
         driver = self.driver
         bid, invalid0 = self.dp.bid, driver.n_invalid
-        self._mode.step(action)
+        if ranked is None:
+            self._mode.step(action)
+        else:
+            self._mode.admit_ranked(ranked)
         self._steps += 1
         if driver.ended:
             self._check_end()

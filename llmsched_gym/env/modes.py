@@ -254,11 +254,18 @@ class PriorityMode(Mode):
         scores = check_box(action, self.K, self.name)
         if isinstance(scores, str):
             self.driver.invalid(scores)
-        else:
-            s = scores[: len(dp.slots)]
-            # by decreasing score, ties by slot; those scored >= 0 come first
-            by_score = np.argsort(-s, kind="stable")
-            dp.filter(by_score[: np.count_nonzero(s >= 0.0)].tolist(), stop_at_first=True)
+            self.driver.launch(self.budget)
+            return
+        s = scores[: len(dp.slots)]
+        # by decreasing score, ties by slot; those scored >= 0 come first
+        by_score = (-s).argsort(kind="stable")
+        self.admit_ranked(by_score[: np.count_nonzero(s >= 0.0)].tolist())
+
+    def admit_ranked(self, slots: list[int]) -> None:
+        """The step of a valid action already ranked: ``slots``, the shown slots scored >= 0 by
+        decreasing score (ties by slot), admitted in that order until the rule rejects one, then
+        the launch. (The vector env ranks the scores of all its envs at once: ``rank_scores``.)"""
+        self.dp.filter(slots, stop_at_first=True)
         self.driver.launch(self.budget)
 
     def expert(self, pol: Scheduler, plan: BatchPlan) -> np.ndarray:
@@ -268,6 +275,24 @@ class PriorityMode(Mode):
         for rank, r in enumerate(admitted):
             scores[slot_of[r]] = 1.0 - rank / (len(admitted) + 1)
         return scores
+
+
+def rank_scores(actions, n_shown: list[int]) -> list[list[int] | None]:
+    """:class:`PriorityMode`'s ranking of many envs' actions at once (rows of ``actions``; env
+    ``i`` shows ``n_shown[i]`` slots): for each valid row the slots :meth:`PriorityMode.step`
+    admits in order (``admit_ranked``'s argument), ``None`` for a row that is not a valid action
+    (the env's own step then counts it as invalid). The same slots in the same order: sorting
+    every row with the slots not shown at +inf puts the shown ones first, in their own stable
+    order."""
+    n = len(n_shown)
+    if not (type(actions) is np.ndarray and actions.ndim == 2 and actions.shape[0] == n and actions.dtype.kind == "f"):
+        return [None] * n
+    a = actions.astype(np.float64)
+    ok = np.maximum.reduce(np.abs(a), axis=1, initial=0.0) <= 1.0  # (False for NaN)
+    shown = np.arange(a.shape[1]) < np.array(n_shown)[:, None]
+    order = np.where(shown, -a, np.inf).argsort(axis=1, kind="stable").tolist()
+    counts = np.add.reduce(shown & (a >= 0.0), axis=1).tolist()
+    return [order[i][: counts[i]] if valid else None for i, valid in enumerate(ok.tolist())]
 
 
 class KnobMode(Mode):

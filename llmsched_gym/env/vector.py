@@ -45,6 +45,7 @@ from gymnasium.vector.utils import batch_space
 from llmsched_gym.config import ConfigError
 from llmsched_gym.env import MAX_EPISODE_STEPS
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
+from llmsched_gym.env.modes import rank_scores
 
 
 def _mask_len(env: LLMSchedEnv) -> int:
@@ -121,6 +122,8 @@ class LLMSchedVectorEnv(VectorEnv):
         self._steps = [0] * n  # steps of the current episodes (the step limit)
         self._episodes = [0] * n  # resets so far, per env (episode_seeds' counter)
         self._needs_reset = [False] * n  # NEXT_STEP: ended at the last step
+        self._rank = first.mode == "priority"
+        self._no_rank = [None] * n
         self._started = False
         self._masks_fresh = False
         self.closed = False
@@ -206,6 +209,9 @@ class LLMSchedVectorEnv(VectorEnv):
         ends: list[tuple[int, dict]] = []
         finals: list[tuple[int, Any, dict]] = []
         self._masks_fresh = False
+        # priority mode: every env's scores checked and ranked at once (the same slots in the same
+        # order as each env's own step; an invalid row goes through the env's own step)
+        ranked = rank_scores(actions, [len(env.dp.slots) for env in envs]) if self._rank else self._no_rank
         for i in range(self.num_envs):
             env = envs[i]
             if needs_reset[i]:  # NEXT_STEP: the episode ended at the last step
@@ -215,7 +221,7 @@ class LLMSchedVectorEnv(VectorEnv):
                 if infos:
                     self._row_info(i, info)
                 continue
-            r, te, tr, comps = env._step(actions[i])
+            r, te, tr, comps = env._step(actions[i], ranked[i])
             steps[i] += 1
             if limit is not None and steps[i] >= limit:
                 tr = True
