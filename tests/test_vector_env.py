@@ -30,6 +30,7 @@ MODES = [
     ("subset", {"admission": "current"}),
     ("knob", {}),
     ("meta", {}),
+    ("tune", {}),
     ("select", {"flat": True, "admission": "future", "order": "shortest"}),
 ]
 
