@@ -336,45 +336,53 @@ class ObservationBuilder:
 
     def _boundary(self, last: Recent) -> None:
         """The base of this boundary: the running requests (less those chosen for preemption),
-        the globals; the budgets' batch times start over."""
-        e, dp, at = self.e, self.dp, self.at
+        the globals; the budgets' batch times start over. The running and the globals parts are
+        each written as one block (``queue_len``, ``backlog`` and ``selected`` are the step's, in
+        :meth:`observe`)."""
+        e, dp = self.e, self.dp
         base = self.base = np.zeros(self.size, np.float32)
+        cap, inv_log_cap, inv_unit, inv_log_time = dp.cap_blocks, self.inv_log_cap, self.inv_unit, self.inv_log_time
+        log1p = math.log1p
         # running requests
         if self.blind:  # what they generated so far (attained service) instead of predictions
             dp.batch_shape()
             self.run_hist = generated_hist(dp.gen[dp.run_list]) if dp.n_run else 0
         else:
             dp.residents()
-        if dp.n_run:
-            base[at["running.count"]] = math.log1p(dp.n_run) * self.inv_log_cap
-            base[at["running.kv_used"]] = min(max(e.kv.used_blocks - dp.released, 0) / dp.cap_blocks, 2.0)
-            if self.blind:
-                base[self.hist] = self.run_hist * (1.0 / dp.n_run)
-            else:
-                base[self.hist] = dp.run_hist * (1.0 / dp.n_run)
-                base[at["running.future_peak"]] = min(dp.fp_run.peak / dp.cap_tokens, 2.0)
+        n_run = dp.n_run
         n_dec, dec_ctx, mid, owed, mid_ctx = self.shape = dp.batch_shape()
-        if mid:
-            base[at["running.prefilling"]] = math.log1p(mid) * self.inv_log_cap
-            base[at["running.prefill_owed"]] = self.log_tokens(owed)
-        if dp.victims:
-            base[at["running.preempting"]] = math.log1p(len(dp.victims)) * self.inv_log_cap
         self.run_tokens = n_dec + owed
-        base[at["running.batch_tokens"]] = self.log_tokens(self.run_tokens)
+        if n_run:
+            hist = ((self.run_hist if self.blind else dp.run_hist) * (1.0 / n_run)).tolist()
+            peak = 0.0 if self.blind else min(dp.fp_run.peak / dp.cap_tokens, 2.0)
+            running = [log1p(n_run) * inv_log_cap, min(max(e.kv.used_blocks - dp.released, 0) / cap, 2.0),
+                       *hist, peak]
+        else:
+            running = [0.0] * (2 + _N_BINS + 1)
+        running += [0.0,  # selected
+                    log1p(mid) * inv_log_cap if mid else 0.0,
+                    min(log1p(owed) * inv_log_cap, 2.0) if mid else 0.0,
+                    log1p(len(dp.victims)) * inv_log_cap if dp.victims else 0.0,
+                    min(log1p(self.run_tokens) * inv_log_cap, 2.0)]
+        base[self.nq:self.g0] = running
         # globals
         now = e.clock
         recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
-        base[at["globals.kv_used"]] = min(e.kv.used_blocks / dp.cap_blocks, 2.0)
-        base[at["globals.arrival_rate"]] = math.log1p(recent) * self.inv_log_n
-        base[at["globals.since_batch"]] = self.log_time(now - last.admit_s)
-        base[at["globals.last_iteration"]] = self.log_time(last.iter_s)
-        base[at["globals.arrived"]] = e.next_idx / self.n
-        base[at["globals.last_prefill_tokens"]] = self.log_tokens(last.prefill_tokens)
-        base[at["globals.last_decode_tokens"]] = self.log_tokens(last.decode_tokens)
         b = last.budget
-        base[at["globals.budget"]] = 2.0 if b is None else self.log_tokens(b)
         stalled = last.stalled
-        base[at["globals.stall"]] = self.log_time(now - min(stalled.values())) if stalled else 0.0
+        base[self.g0:self.b0] = [
+            min(e.kv.used_blocks / cap, 2.0),
+            0.0,  # queue_len
+            log1p(recent) * self.inv_log_n,
+            min(log1p(max(now - last.admit_s, 0.0) * inv_unit) * inv_log_time, 1.0),  # since_batch
+            min(log1p(max(last.iter_s, 0.0) * inv_unit) * inv_log_time, 1.0),  # last_iteration
+            e.next_idx / self.n,
+            min(log1p(last.prefill_tokens) * inv_log_cap, 2.0),
+            min(log1p(last.decode_tokens) * inv_log_cap, 2.0),
+            2.0 if b is None else min(log1p(b) * inv_log_cap, 2.0),
+            0.0,  # backlog
+            self.log_time(now - min(stalled.values())) if stalled else 0.0,
+        ]
         # budgets: sorted by the prefill room they leave after the decodes
         if self.budgets and self.timed:
             self.bt_want = -1
