@@ -68,6 +68,33 @@ def test_lean_ppo_learns_exactly_what_sb3s_ppo_learns(flat, kw):
         assert "train/clip_range_vf" in log_ours
 
 
+def test_lean_ppo_rollouts_bootstrap_truncated_episodes_like_sb3():
+    """Episodes cut by a 7-step time limit: the rollouts (forward passes under inference mode)
+    bootstrap the truncated steps' rewards with the value function exactly as SB3's do."""
+    from gymnasium.wrappers import TimeLimit
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agents.envs import make_env
+    from agents.storage import with_optimizer
+
+    def env():
+        inner = make_env("jaillet-low", {"K": 4, "action_mode": "priority"}, {"workload.n_requests": 40}).unwrapped
+        return Monitor(TimeLimit(inner, 7))
+
+    weights, rewards = [], []
+    for cls in (LeanPPO, PPO):
+        np.random.seed(1)
+        model = cls("MultiInputPolicy", DummyVecEnv([env, env]), n_steps=32, batch_size=32, n_epochs=2, seed=5,
+                    device="cpu", policy_kwargs=with_optimizer({"net_arch": [16]}))
+        model.learn(96)
+        weights.append(model.policy.state_dict())
+        rewards.append(model.rollout_buffer.rewards.copy())
+        assert len(model.ep_info_buffer) >= 8  # many truncated episodes
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert np.array_equal(rewards[0], rewards[1])
+
+
 def test_ppo_agents_are_built_as_lean_ppo_and_keep_their_algo_name():
     from agents.storage import algo_class, algo_name
 
