@@ -134,14 +134,33 @@ def test_a_request_routed_to_a_busy_replica_ends_its_run_at_the_arrival() -> Non
             super().route(rid, view)
             return 0
 
+    class Counted:
+        """The batch-time model, counting the iterations it times."""
+
+        def __init__(self, latency) -> None:
+            self.latency, self.calls = latency, 0
+
+        def __getattr__(self, name):
+            return getattr(self.latency, name)
+
+        def batch_time(self, *args):
+            self.calls += 1
+            return self.latency.batch_time(*args)
+
     wl = Workload(np.array([0.0, 0.65]), np.array([112, 16]), np.array([64, 2]))
-    cs = {}
+    cs, timed = {}, {}
     for defer in (False, True):
         c = _cluster(wl, 2, Both(), defer)
+        e = c.engines[0]
+        e.latency = counted = Counted(e.latency)
         c.run()
-        cs[defer] = c
+        cs[defer], timed[defer] = c, counted.calls
     _same(cs[False], cs[True])
     assert cs[True].request_table()["first_scheduled_s"].tolist() == [0.0, 0.6875]
+    # the deferred run is computed only as far as it is read: to 0.6875 (10 steps), not to the
+    # completion at 4.0 it would reach without the arrival; no more iterations timed than stepped
+    assert cs[True].engines[0].counters.n_iterations == cs[False].engines[0].counters.n_iterations
+    assert timed[True] <= timed[False] < cs[True].engines[0].counters.n_iterations + 20
 
 
 class PrefixProbe(Router):
