@@ -102,6 +102,17 @@ def quiet(model: Any) -> Any:
     return model
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sb3_default_log_folder(tmp_path_factory):
+    """A safety net under :func:`quiet`: SB3's default log folder (``$SB3_LOGDIR``, else a new
+    ``SB3-<date>`` in the temp dir at every ``learn`` without a logger) is one folder of the
+    session's own temporary tree, so a test that forgets ``quiet`` leaves nothing in /tmp."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SB3_LOGDIR", str(tmp_path_factory.mktemp("sb3")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture
 def traces_dir() -> Path:
     if not TRACES.is_dir():

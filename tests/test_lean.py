@@ -6,6 +6,7 @@ import copy
 
 import numpy as np
 import pytest
+from conftest import quiet
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sb3_contrib")
@@ -87,7 +88,7 @@ def test_lean_ppo_rollouts_bootstrap_truncated_episodes_like_sb3():
         np.random.seed(1)
         model = cls("MultiInputPolicy", DummyVecEnv([env, env]), n_steps=32, batch_size=32, n_epochs=2, seed=5,
                     device="cpu", policy_kwargs=with_optimizer({"net_arch": [16]}))
-        model.learn(96)
+        quiet(model).learn(96)
         weights.append(model.policy.state_dict())
         rewards.append(model.rollout_buffer.rewards.copy())
         assert len(model.ep_info_buffer) >= 8  # many truncated episodes
