@@ -16,6 +16,13 @@ Eviction order is pluggable (Echo's task-aware manager, Wang et al. 2025, sectio
 recently released first among equal priorities (deeper blocks first on a tie, as in vLLM), and the
 scheduler calls ``reprioritize`` when priorities of cached blocks change. Without it the order is
 plain LRU.
+
+Representation: under plain LRU the cached blocks are closed under chain ancestors, a tree of hash
+chains, kept as runs of blocks that change state together (a radix tree, as SGLang's RadixAttention
+keeps its cache: Zheng et al., "SGLang: Efficient Execution of Structured Language Model Programs",
+NeurIPS 2024, section 3), so that admitting or releasing a request costs O(runs on its chain) rather
+than O(blocks). Installing a priority order switches the cache, with its state, to one entry per
+block. Both forms give the same results (``tests/test_kv.py`` runs them side by side).
 """
 
 from __future__ import annotations
