@@ -13,7 +13,8 @@ saves, per minibatch of the ``azure-conv`` recipe (256 samples, a few millisecon
 * the parameter list is built once per update, not once per ``clip_grad_norm_`` call;
 * the rollouts (:meth:`LeanPPO.collect_rollouts`, SB3's loop) run the policy's forward passes
   under ``torch.inference_mode`` rather than ``torch.no_grad`` (the same kernels, without
-  autograd's view and version tracking).
+  autograd's view and version tracking) and without ``torch.distributions``' argument checks
+  (the update keeps them).
 
 Everything it does not special-case (a buffer other than SB3's ``RolloutBuffer`` /
 ``DictRolloutBuffer``) goes to ``PPO.train``. The class is saved and loaded as ``ppo``
@@ -66,8 +67,21 @@ class LeanPPO(PPO):
         bootstrapping and buffer), with the policy's forward passes under ``torch.inference_mode``
         instead of ``torch.no_grad``: the same kernels and values without autograd's view and
         version tracking (about a tenth of a rollout forward pass of the azure-conv recipe). The
-        tensors they return only become NumPy arrays."""
+        tensors they return only become NumPy arrays. Their distributions skip
+        ``torch.distributions``' argument checks (another twelfth; no value changes): the update
+        (:meth:`train`) keeps them, so a NaN in the policy still stops training there, at the
+        latest one rollout later."""
         assert self._last_obs is not None, "No previous observation was provided"
+        dist = th.distributions.Distribution
+        checks = dist._validate_args
+        dist.set_default_validate_args(False)
+        try:
+            return self._collect(env, callback, rollout_buffer, n_rollout_steps)
+        finally:
+            dist.set_default_validate_args(checks)
+
+    def _collect(self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int) -> bool:
+        """:meth:`collect_rollouts`' loop."""
         self.policy.set_training_mode(False)
         n_steps = 0
         rollout_buffer.reset()

@@ -96,6 +96,38 @@ def test_lean_ppo_rollouts_bootstrap_truncated_episodes_like_sb3():
     assert np.array_equal(rewards[0], rewards[1])
 
 
+def test_rollouts_skip_the_distribution_checks_and_the_update_still_stops_at_a_nan():
+    """The rollouts' Gaussian heads run without torch.distributions' argument checks (restored
+    afterwards); a NaN in the policy is then refused by the update's own checks."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from agents.envs import make_env
+    from agents.storage import with_optimizer
+
+    def env():
+        return make_env("jaillet-low", {"K": 4, "action_mode": "priority"}, {"workload.n_requests": 40})
+
+    dist = torch.distributions.Distribution
+    assert dist._validate_args
+    model = LeanPPO("MultiInputPolicy", DummyVecEnv([env, env]), n_steps=16, batch_size=32, n_epochs=1, seed=5,
+                    device="cpu", policy_kwargs=with_optimizer({"net_arch": [16]}))
+    seen = []
+    forward = model.policy.forward
+
+    def spy(*args, **kwargs):
+        seen.append(dist._validate_args)
+        return forward(*args, **kwargs)
+
+    model.policy.forward = spy
+    model.learn(32)
+    assert seen == [False] * 16 and dist._validate_args  # unchecked in the rollouts only
+    with torch.no_grad():
+        model.policy.action_net.bias.fill_(float("nan"))
+    with pytest.raises(ValueError, match="loc"):
+        model.learn(32, reset_num_timesteps=False)
+    assert dist._validate_args
+
+
 def test_ppo_agents_are_built_as_lean_ppo_and_keep_their_algo_name():
     from agents.storage import algo_class, algo_name
 
