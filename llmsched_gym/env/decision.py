@@ -201,7 +201,8 @@ class DecisionPoint:
             if not emit:
                 base -= mid
                 rem += mid
-            self.shape = (n - n_mid, int(_sum(kvt)) - int(_sum(kvt[mid])), n_mid, int(_sum(left)), int(_sum(pf[mid])))
+            # (sums over the unfinished prefills as integer dot products with the mask: exact)
+            self.shape = (n - n_mid, int(_sum(kvt)) - int(kvt @ mid), n_mid, int(_sum(left)), int(pf @ mid))
             self.run_ids, self.run_left = ids, left
         else:
             base = kvt + pad if pad else kvt

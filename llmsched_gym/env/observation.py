@@ -215,6 +215,8 @@ class ObservationBuilder:
         self.i_count, self.i_kv_used = at["running.count"], at["running.kv_used"]
         self.i_selected, self.i_batch_tokens = at["running.selected"], at["running.batch_tokens"]
         self.i_queue_len, self.i_backlog = at["globals.queue_len"], at["globals.backlog"]
+        self._out: np.ndarray | None = None  # the last ``out`` of observe() and its queue view
+        self._out_q: np.ndarray | None = None
 
     def setup(self, e: Engine, dp: Any, information: str, predictor: Any = None) -> None:
         """Per-episode tables of engine ``e`` (fresh) and decision point ``dp`` (the env's
@@ -304,11 +306,14 @@ class ObservationBuilder:
             self._batch_times()
         if out is None:
             buf = self.base.copy()
+            q = buf[: self.nq].reshape(self.K, -1)
         else:
             buf = out
             buf[:] = self.base
+            if out is not self._out:  # (the vector env gives each env the same row every step)
+                self._out, self._out_q = out, out[: self.nq].reshape(self.K, -1)
+            q = self._out_q
         if n:  # (no slot: the base's queue part is all zeros already)
-            q = buf[: self.nq].reshape(self.K, -1)
             self.rows.take(dp.ids_pad, axis=0, out=q, mode="clip")
             q[:n, _FITS_NOW] = dp.fits_now
             ff = dp.fits_future
