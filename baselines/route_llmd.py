@@ -43,6 +43,11 @@ def _spread(x: np.ndarray) -> np.ndarray:
     return (hi - x) / (hi - lo)
 
 
+def _weighted(w: float, x: np.ndarray) -> np.ndarray:
+    """``w * x`` (``x`` itself when ``w`` is 1: the same floats, one array operation fewer)."""
+    return x if w == 1.0 else w * x
+
+
 class LLMD(Router):
     """llm-d's scorer pipeline (see the module docstring)."""
 
@@ -58,22 +63,44 @@ class LLMD(Router):
     def reset(self, n_replicas: int, rng: np.random.Generator) -> None:
         super().reset(n_replicas, rng)
         self.index = PrefixIndexes(n_replicas, int(self.lru_capacity))
+        self._kv_key: bytes | None = None
+        self._kv = np.zeros(n_replicas)
 
     def scores(self, rid: int, view: ClusterView) -> np.ndarray:
         """Every replica's weighted score for ``rid`` (``-inf`` where the filter drops it)."""
-        s = np.zeros(self.n_replicas)
+        # the weighted terms summed in a fixed order (prefix, queue, kv, active), the first one
+        # taken as the start (0 + x is x: the same floats as summing into zeros)
+        terms = []
         if self.w_prefix and self.prefix != "none":
-            s += self.w_prefix * self._prefix_scores(rid, view)
+            terms.append(self.w_prefix * self._prefix_scores(rid, view))
         if self.w_queue:
-            s += self.w_queue * _spread(view.waiting)
+            terms.append(_weighted(self.w_queue, _spread(view.waiting)))
         if self.w_kv:
-            s += self.w_kv * (1.0 - view.kv_used / view.kv_capacity)
+            terms.append(self._kv_term(view))
         if self.w_active:
-            s += self.w_active * _spread(view.outstanding)
-        ok = view.can_take(rid)
-        if ok.any():
-            s[~ok] = -np.inf
+            terms.append(_weighted(self.w_active, _spread(view.outstanding)))
+        s = None
+        for t in terms:
+            if s is None:
+                s = t.copy() if t is self._kv else t
+            else:
+                s += t
+        if s is None:
+            s = np.zeros(self.n_replicas)
+        if not view.can_take_all(rid):
+            ok = view.can_take(rid)
+            if ok.any():
+                s[~ok] = -np.inf
         return s
+
+    def _kv_term(self, view: ClusterView) -> np.ndarray:
+        """``w_kv * (1 - kv_used / kv_capacity)``, computed again only when the view's KV signals
+        change (once per routing point, not per request)."""
+        key = view.kv_used.tobytes() + view.kv_capacity.tobytes()
+        if key != self._kv_key:
+            self._kv_key = key
+            self._kv = _weighted(self.w_kv, 1.0 - view.kv_used / view.kv_capacity)
+        return self._kv
 
     def _prefix_scores(self, rid: int, view: ClusterView) -> np.ndarray:
         prompt = int(view.prompt_tokens[rid])

@@ -132,6 +132,38 @@ def test_llm_d_precise_reads_the_replicas_caches() -> None:
     assert p2l == xl and p3l == yl
 
 
+def test_can_take_all_is_can_take_on_every_replica() -> None:
+    """Capacities 4,000 / 4,010 / 8,000 tokens in blocks of 16: whole blocks hold 4,000 / 4,000 /
+    8,000, so a request of prompt + output = 4,000 fits all three, 4,001 only the third."""
+    wl = _wl([0.0, 0.0, 0.0, 0.0], [3000, 3000, 16, 100], [1000, 1001, 1, 8000])
+    reps = [Replica(EngineConfig(kv_capacity_tokens=cap, block_size=16), make_latency("linear:d0=0.01,d1=1e-6"),
+                    make_policy("fcfs")) for cap in (4000, 4010, 8000)]
+    view = Cluster(wl, reps, make_router("lor"), seed=0).view
+    assert [view.can_take(r).tolist() for r in range(4)] == [[True] * 3, [False, False, True], [True] * 3,
+                                                             [False, False, False]]
+    assert [view.can_take_all(r) for r in range(4)] == [True, False, True, False]
+
+
+def test_llm_d_scores_are_the_weighted_sum_with_the_filter() -> None:
+    """llm-d's scores equal the documented sum 2 prefix + queue + kv, term by term, where every
+    replica can take the request; where only some can, the rest score -inf; and the KV term follows
+    the view when its KV signals change between two calls (it is kept per routing point)."""
+    wl = _wl([0.0] * 3, [500, 500, 500], [100, 3600, 100])
+    reps = [Replica(EngineConfig(kv_capacity_tokens=cap, block_size=16), make_latency("linear:d0=0.01,d1=1e-6"),
+                    make_policy("fcfs")) for cap in (4000, 8000, 8000)]
+    c = Cluster(wl, reps, make_router("llm-d"), seed=0)
+    router, view = c.router, c.view
+    router.reset(3, np.random.default_rng(0))
+    view.waiting[:] = [2, 0, 1]
+    view.kv_used[:] = [1000, 2000, 0]
+    queue = np.array([0.0, 1.0, 0.5])
+    kv = np.array([0.75, 0.75, 1.0])
+    assert router.scores(0, view).tolist() == (queue + kv).tolist()  # nothing cached: prefix 0
+    assert router.scores(1, view).tolist() == [-np.inf, 1.75, 1.5]  # 4,100 tokens do not fit replica 0
+    view.kv_used[:] = [3000, 0, 0]
+    assert router.scores(2, view).tolist() == (queue + np.array([0.25, 1.0, 1.0])).tolist()
+
+
 def test_llumnix_dispatches_to_the_freest() -> None:
     wl = _wl([0.0, 0.0, 0.5], [5000, 100, 100], [400, 400, 10])
     c = _cluster(wl, 2, "llumnix", cap=20_000)

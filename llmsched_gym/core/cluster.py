@@ -154,6 +154,7 @@ class ClusterView:
         self.kv_capacity = np.array([e.kv.capacity_tokens for e in cluster.engines], dtype=np.int64)
         self.routed = np.zeros(n, dtype=np.int64)
         self.block_size = np.array([e.kv.block_size for e in cluster.engines], dtype=np.int64)
+        self._fit_min: int | None = None  # can_take_all's bound, from kv_capacity when first asked
         wl = cluster.workload
         info = information_of(wl)
         self.workload = wl if info == CLAIRVOYANT else GuardedWorkload(wl, info)
@@ -206,6 +207,14 @@ class ClusterView:
         wl = self._c.workload
         need = -(-(int(wl.prompt_tokens[rid]) + int(wl.output_tokens[rid])) // self.block_size)
         return need * self.block_size <= self.kv_capacity
+
+    def can_take_all(self, rid: int) -> bool:
+        """``can_take(rid).all()`` without the per-replica arrays: ``rid``'s prompt and output fit
+        the smallest capacity (rounded down to whole blocks)."""
+        if self._fit_min is None:
+            self._fit_min = int((self.kv_capacity // self.block_size * self.block_size).min())
+        wl = self._c.workload
+        return int(wl.prompt_tokens[rid]) + int(wl.output_tokens[rid]) <= self._fit_min
 
 
 def _set_bits(out: np.ndarray, mask: int, value: int) -> None:
