@@ -289,17 +289,20 @@ class _Watch:
         """The cache is no longer closed under chain ancestors (a priority eviction order)."""
         self.index.closed = False
 
-    def cached(self, hsh: int) -> None:
-        hold = self.holders
-        hold[hsh] = hold.get(hsh, 0) | self.bit
+    def cached(self, hashes: Sequence[int]) -> None:
+        hold, bit = self.holders, self.bit
+        get = hold.get
+        for hsh in hashes:
+            hold[hsh] = get(hsh, 0) | bit
 
-    def evicted(self, hsh: int) -> None:
-        hold = self.holders
-        v = hold[hsh] & self.keep
-        if v:
-            hold[hsh] = v
-        else:
-            del hold[hsh]
+    def evicted(self, hashes: Sequence[int]) -> None:
+        hold, keep = self.holders, self.keep
+        for hsh in hashes:
+            v = hold[hsh] & keep
+            if v:
+                hold[hsh] = v
+            else:
+                del hold[hsh]
 
 
 class _BlockHolders:
@@ -319,8 +322,7 @@ class _BlockHolders:
         plain LRU eviction; a cache that loses it tells its watch)."""
         for r, e in enumerate(engines):
             w = e.kv.watch = _Watch(self, 1 << r)
-            for hsh in e.kv.cached_hashes():
-                w.cached(hsh)
+            w.cached(list(e.kv.cached_hashes()))
 
 
 _ROW_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class",

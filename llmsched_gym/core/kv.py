@@ -157,9 +157,11 @@ class KVCache:
         self.hit_tokens = 0
         self.evicted_blocks = 0
         self.watch: Any = None
-        """Told of each block entering (``watch.cached(hash)``) and leaving (``watch.evicted(hash)``)
-        the cache, and when it stops being :attr:`prefix_closed` (``watch.opened()``): the
-        cluster's index of which replica holds which block (``None``: nobody)."""
+        """Told of the blocks entering (``watch.cached(hashes)``) and leaving
+        (``watch.evicted(hashes)``) the cache, a sequence of block hashes a call (a published run,
+        the blocks evicted from one run), and when it stops being :attr:`prefix_closed`
+        (``watch.opened()``): the cluster's index of which replica holds which block (``None``:
+        nobody)."""
         # priority eviction (None = LRU): idle hash -> (priority, release seq); lazy-deletion heap
         self._priority: Callable[[int], float] | None = None
         self._entry: dict[int, tuple[float, int]] = {}
@@ -373,10 +375,8 @@ class KVCache:
             b += k
         if b < upto:
             run = node[hashes[b]] = _Run(hashes[b:upto], b, 1)
-            watch = self.watch
-            if watch is not None:
-                for hsh in run.hashes:
-                    watch.cached(hsh)
+            if self.watch is not None:
+                self.watch.cached(run.hashes)
             self._ver += 1
         if upto > held:
             self._held[rid] = held = upto
@@ -421,8 +421,7 @@ class KVCache:
             k = min(excess, len(rh))
             first = rh[0]
             if watch is not None:
-                for hsh in rh[:-k - 1:-1]:  # the run's deepest blocks first
-                    watch.evicted(hsh)
+                watch.evicted(rh[-k:])  # the run's deepest blocks
             del rh[-k:]
             self._n_idle -= k
             self.evicted_blocks += k
@@ -636,7 +635,7 @@ class _BlockKVCache(KVCache):
                 ref[hsh] = 1
                 self._ver += 1
                 if watch is not None:
-                    watch.cached(hsh)
+                    watch.cached((hsh,))
             elif r < 0:  # computed twice concurrently: share the existing block (idle), drop our copy
                 self._lru[-1 - r - self._base] = None
                 ref[hsh] = 1
@@ -694,7 +693,7 @@ class _BlockKVCache(KVCache):
             self._n_idle -= 1
             del ref[hsh]
             if self.watch is not None:
-                self.watch.evicted(hsh)
+                self.watch.evicted((hsh,))
             self.evicted_blocks += 1
             excess -= 1
         head = self._head
