@@ -111,3 +111,14 @@ def test_main_with_argv_returns_instead_of_exiting(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "_exit", refuse)
     assert main(["train", *TINY, "--out", str(tmp_path), "--name", "r"]) == 0
     assert json.loads((tmp_path / "r" / "run.json").read_text())["status"] == "done"
+
+
+def test_under_a_profiler_the_process_exits_normally_and_the_profile_is_written(tmp_path):
+    prof = tmp_path / "train.prof"
+    r = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "llmsched_gym.cli", "train", *TINY,
+                        "--out", str(tmp_path), "--name", "p"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert prof.stat().st_size > 0  # os._exit would have skipped cProfile's dump
+    assert json.loads((tmp_path / "p" / "run.json").read_text())["status"] == "done"

@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
               "to the project's issue tracker with the command and this line (LLMSCHED_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return 70
-    if argv is None and not rc and getattr(args, "quick_exit", False):
+    if argv is None and not rc and getattr(args, "quick_exit", False) and sys.getprofile() is None \
+            and sys.gettrace() is None:  # a profiler, coverage or a debugger sees the normal exit
         _exit_now()
     return rc or 0
 
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 def _exit_now() -> NoReturn:
     """End the process with status 0 without the interpreter's teardown (a command that set
     ``quick_exit`` and succeeded, run as the ``llmsched`` process itself: ``main()`` without
-    ``argv``). Such a command (``llmsched train``) has closed its files; what remains is freeing
+    ``argv``, with no profiler or tracer installed, so ``python -m cProfile``, coverage and
+    debuggers still get the interpreter's normal exit and write their results). Such a command (``llmsched train``) has closed its files; what remains is freeing
     the heap of torch and its imports object by object and running their finalizers, about
     0.1 CPU-s that change nothing on disk. Standard output and error are flushed first."""
     import os
