@@ -37,7 +37,7 @@ PREFIX_MODES = ("precise", "approximate", "none")
 
 def _spread(x: np.ndarray) -> np.ndarray:
     """``(max - x) / (max - min)``; all ones when every value is equal."""
-    lo, hi = x.min(), x.max()
+    lo, hi = x[x.argmin()], x[x.argmax()]  # min() and max() by index: the same values, cheaper on small arrays
     if hi == lo:
         return np.ones(len(x))
     return (hi - x) / (hi - lo)
@@ -106,15 +106,20 @@ class LLMD(Router):
         prompt = int(view.prompt_tokens[rid])
         considered = min(-(-prompt // int(self.block)), int(self.max_prefix_blocks))
         if self.prefix == "precise":
-            hit = np.minimum(view.prefix_hit(rid), considered * int(self.block))
-            return hit / (considered * int(self.block))
+            hit, top = view.prefix_hit(rid), considered * int(self.block)
+            if hit[hit.argmax()] > top:
+                hit = np.minimum(hit, top)
+            return hit / top
         hashes = view.block_hashes(rid, int(self.block))[: int(self.max_prefix_blocks)]
         return self.index.match(hashes) / considered
 
     def route(self, rid: int, view: ClusterView) -> int:
         s = self.scores(rid, view)
-        best = np.flatnonzero(s == s.max())
-        r = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
+        r = int(s.argmax())  # the first best; the others, if any, only on a tie (rare)
+        m, rest = s[r], s[r + 1:]
+        if m != m or (len(rest) and rest[rest.argmax()] == m):
+            best = np.flatnonzero(s == m)
+            r = int(best[0]) if len(best) == 1 else int(self.rng.choice(best))
         if self.prefix == "approximate":
             self.index.insert(r, view.block_hashes(rid, int(self.block))[: int(self.max_prefix_blocks)])
         return r

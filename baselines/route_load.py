@@ -37,7 +37,7 @@ class LOR(Router):
 
     def route(self, rid: int, view: ClusterView) -> int:
         out = view.outstanding
-        return int(np.argmin(view.waiting * (int(out.max()) + 1) + out))
+        return int(np.argmin(view.waiting * (int(out[out.argmax()]) + 1) + out))  # out.max(), cheaper
 
 
 class JSQ(Router):

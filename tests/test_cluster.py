@@ -164,6 +164,25 @@ def test_llm_d_scores_are_the_weighted_sum_with_the_filter() -> None:
     assert router.scores(2, view).tolist() == (queue + np.array([0.25, 1.0, 1.0])).tolist()
 
 
+def test_llm_d_breaks_ties_at_random_among_the_best_only() -> None:
+    """Replicas 1 and 3 share the best score: the router draws one of them as ``rng.choice`` over
+    the tied indices does; with a single best it takes it without a draw."""
+    wl = _wl([0.0] * 2, [500, 500], [100, 100])
+    c = _cluster(wl, 4, "llm-d")
+    router, view = c.router, c.view
+    picks, want = [], []
+    for seed in range(12):
+        router.reset(4, np.random.default_rng(seed))
+        view.waiting[:] = [3, 0, 2, 0]
+        picks.append(router.route(0, view))
+        want.append(int(np.random.default_rng(seed).choice([1, 3])))
+    assert picks == want and set(picks) == {1, 3}
+    router.reset(4, np.random.default_rng(0))
+    view.waiting[:] = [3, 2, 2, 0]
+    assert router.route(1, view) == 3
+    assert router.rng.bit_generator.state == np.random.default_rng(0).bit_generator.state  # no draw
+
+
 def test_llumnix_dispatches_to_the_freest() -> None:
     wl = _wl([0.0, 0.0, 0.5], [5000, 100, 100], [400, 400, 10])
     c = _cluster(wl, 2, "llumnix", cap=20_000)
