@@ -434,8 +434,13 @@ class KVCache:
                 run.pos = -1
                 self._n_idle_runs -= 1
                 self._head = i + 1
-        head = self._head
-        if head > _LRU_SLACK // 4 and 2 * head > len(lru):  # drop the consumed entries (positions unchanged)
+        self._trim_consumed()
+
+    def _trim_consumed(self) -> None:
+        """Drop the LRU list's consumed head entries once they are many and most of the list
+        (positions stay absolute: ``_base`` grows by what is dropped)."""
+        head, lru = self._head, self._lru
+        if head > _LRU_SLACK // 4 and 2 * head > len(lru):
             del lru[:head]
             self._base += head
             self._head = 0
@@ -696,11 +701,7 @@ class _BlockKVCache(KVCache):
                 self.watch.evicted((hsh,))
             self.evicted_blocks += 1
             excess -= 1
-        head = self._head
-        if head > _LRU_SLACK // 4 and 2 * head > len(lru):  # drop the consumed entries (positions unchanged)
-            del lru[:head]
-            self._base += head
-            self._head = 0
+        self._trim_consumed()
 
     def match_detail(self, rid: int) -> tuple[int, int]:
         """``(matched, idle)``: the head blocks ``rid`` would reuse now (:meth:`match_blocks`) and
