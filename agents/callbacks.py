@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
+from agents.curves import completed
 from llmsched_gym.core.metrics import metric_value
 
 SUMMARY_SCALARS: list[tuple[str, Callable[[dict], float]]] = [
@@ -174,8 +175,7 @@ def served(summary: dict[str, Any]) -> bool:
     """Whether a validation run's figures compare: at least 99% of the arrived requests completed, or
     the run stopped at the scenario's horizon without a loop (``engine.horizon_s``: echo-hybrid's
     offline pool is never meant to drain, and ``llmsched benchmark`` scores such runs alike)."""
-    return (summary["n_completed"] >= 0.99 * summary["n_arrived"]
-            or (summary.get("stop_reason") == "horizon" and not summary.get("non_terminating")))
+    return summary["n_completed"] >= 0.99 * summary["n_arrived"] or completed(summary)
 
 
 def best_value(summaries: dict[str, dict], get: Callable[[dict], float], lower_is_better: bool = True) -> float:

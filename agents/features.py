@@ -154,7 +154,7 @@ class ReplicaScorer(BaseFeaturesExtractor):
         z = self.replica_inputs(obs)
         h = self.embed(z)
         score = (self.prior(z) + self.out(h)).squeeze(-1)
-        return torch.cat([h.mean(1), h.max(1).values, score], dim=1)
+        return torch.cat([h.mean(1), slot_max(h), score], dim=1)
 
 
 PRIOR_INPUTS = ("queued", "running", "kv_free", "queued_tokens", "prefix_hit",

@@ -116,19 +116,18 @@ class Adam(torch.optim.Adam):
             return False
         group = self.param_groups[0]
         params = group["params"]
+        grads = [p.grad for p in params]
+        beta1, beta2 = group["betas"]
+        lr, eps = group["lr"], group["eps"]
+        if (any(g is None or g.is_sparse for g in grads)  # checked before any buffer is (re)built
+                or isinstance(lr, torch.Tensor) or isinstance(beta1, torch.Tensor)):
+            return False
         flat: _Flat | None = self.__dict__.get("_flat")
         if flat is None or flat.params is not params or not flat.intact(self.state):
             flat = self._flatten(group)
             if flat is None:
                 return False
-        grads = [p.grad for p in params]
-        if any(g is None or g.is_sparse for g in grads):
-            return False
         torch._foreach_copy_(flat.grads, grads)
-        beta1, beta2 = group["betas"]
-        lr, eps = group["lr"], group["eps"]
-        if isinstance(lr, torch.Tensor) or isinstance(beta1, torch.Tensor):
-            return False
         flat.steps += 1
         flat.step += 1.0
         step = flat.step

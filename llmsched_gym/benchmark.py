@@ -942,7 +942,9 @@ def _choice_lines(results: dict[str, Any], name: str) -> list[str]:
     line = (f"Chosen{where} validation seeds {', '.join(map(str, fam['validation_seeds']))} (mean ratio to each "
             "seed's best member): " + "; ".join(f"{m} {v:.3f}" for m, v in ranked) + ".")
     if alone and alone[0][0] != fam["chosen"]:
-        line += f" Seed {fam['top_on_seed']} alone would choose {alone[0][0]} (mean ratio {fam['scores'][alone[0][0]]:.3f})."
+        score = fam["scores"].get(alone[0][0])  # absent: it fails on another validation seed
+        how = f"mean ratio {score:.3f}" if score is not None else "it does not complete every validation seed"
+        line += f" Seed {fam['top_on_seed']} alone would choose {alone[0][0]} ({how})."
     counts = results.get("reuse", {}).get("cells", {})
     test = counts.get("test", {}).get(name)
     if test:

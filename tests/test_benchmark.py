@@ -306,3 +306,18 @@ def test_reuse_says_a_failing_check_run_failed_not_that_the_code_changed(tmp_pat
     with pytest.raises(ValueError, match=r"^reuse: the check run jaillet-high: .* failed \(.*worker died.*\); "
                                          r"fix that and run again$"):
         run_benchmark(["jaillet-high"], out=tmp_path / "b", reuse=[tmp_path / "a"], **kw)
+
+
+def test_the_leaderboard_says_when_the_single_seed_choice_fails_another_seed():
+    from llmsched_gym.benchmark import _choice_lines
+
+    fam = {"values": _FAMILY, "completed": _DONE, "scores": dict(rank_family(_FAMILY, _DONE)), "chosen": "las",
+           "validation_seeds": [95, 96, 97, 98, 99], "top_on_seed": 99}
+    results = {"tasks": {"t": {"task": {"lower_is_better": True}}}, "static_family": {"t": fam}}
+    line = _choice_lines(results, "t")[0]
+    # seed 99 alone picks "fast", which leaves requests unserved on workload 3: no five-seed score
+    assert "Seed 99 alone would choose fast (it does not complete every validation seed)." in line
+    fam["completed"] = {m: [True] * 5 for m in _FAMILY}
+    fam["scores"] = dict(rank_family(_FAMILY, fam["completed"]))
+    fam["chosen"] = next(iter(fam["scores"]))
+    assert "alone would choose" not in _choice_lines(results, "t")[0]  # fast is now the choice itself

@@ -326,6 +326,7 @@ def test_rank_scores_leaves_what_is_not_a_float_batch_to_the_envs():
     assert rank_scores(np.zeros((2, 3), np.int64), [3, 3]) == [None, None]
     assert rank_scores([[0.5, 0.2], [0.1, 0.0]], [2, 2]) == [None, None]
     assert rank_scores(np.zeros((3, 2), np.float32), [2, 2]) == [None, None]  # not one row per env
+    assert rank_scores(np.zeros((2, 3), np.float32), [2, 2], k=2) == [None, None]  # rows of another width
 
 
 def test_priority_vector_env_counts_invalid_rows_like_the_single_env():

@@ -154,7 +154,7 @@ class ClusterView:
         self.kv_capacity = np.array([e.kv.capacity_tokens for e in cluster.engines], dtype=np.int64)
         self.routed = np.zeros(n, dtype=np.int64)
         self.block_size = np.array([e.kv.block_size for e in cluster.engines], dtype=np.int64)
-        self._fit_min: int | None = None  # can_take_all's bound, from kv_capacity when first asked
+        self._fit_min = int(self.kv_capacity.min())  # can_take_all's bound (capacities are whole blocks)
         wl = cluster.workload
         info = information_of(wl)
         self.workload = wl if info == CLAIRVOYANT else GuardedWorkload(wl, info)
@@ -211,8 +211,6 @@ class ClusterView:
     def can_take_all(self, rid: int) -> bool:
         """``can_take(rid).all()`` without the per-replica arrays: ``rid``'s prompt and output fit
         the smallest capacity (rounded down to whole blocks)."""
-        if self._fit_min is None:
-            self._fit_min = int((self.kv_capacity // self.block_size * self.block_size).min())
         wl = self._c.workload
         return int(wl.prompt_tokens[rid]) + int(wl.output_tokens[rid]) <= self._fit_min
 

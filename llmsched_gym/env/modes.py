@@ -277,15 +277,16 @@ class PriorityMode(Mode):
         return scores
 
 
-def rank_scores(actions, n_shown: list[int]) -> list[list[int] | None]:
-    """:class:`PriorityMode`'s ranking of many envs' actions at once (rows of ``actions``; env
-    ``i`` shows ``n_shown[i]`` slots): for each valid row the slots :meth:`PriorityMode.step`
+def rank_scores(actions, n_shown: list[int], k: int | None = None) -> list[list[int] | None]:
+    """:class:`PriorityMode`'s ranking of many envs' actions at once (rows of ``actions``, each of
+    ``k`` scores when given; env ``i`` shows ``n_shown[i]`` slots): for each valid row the slots :meth:`PriorityMode.step`
     admits in order (``admit_ranked``'s argument), ``None`` for a row that is not a valid action
     (the env's own step then counts it as invalid). The same slots in the same order: sorting
     every row with the slots not shown at +inf puts the shown ones first, in their own stable
     order."""
     n = len(n_shown)
-    if not (type(actions) is np.ndarray and actions.ndim == 2 and actions.shape[0] == n and actions.dtype.kind == "f"):
+    if not (type(actions) is np.ndarray and actions.ndim == 2 and actions.shape[0] == n and actions.dtype.kind == "f"
+            and (k is None or actions.shape[1] == k)):  # as check_box: a row of another width is invalid
         return [None] * n
     a = actions.astype(np.float64)
     ok = np.maximum.reduce(np.abs(a), axis=1, initial=0.0) <= 1.0  # (False for NaN)

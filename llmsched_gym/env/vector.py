@@ -123,6 +123,7 @@ class LLMSchedVectorEnv(VectorEnv):
         self._episodes = [0] * n  # resets so far, per env (episode_seeds' counter)
         self._needs_reset = [False] * n  # NEXT_STEP: ended at the last step
         self._rank = first.mode == "priority"
+        self._k = first.K  # scores per row of a priority action
         self._no_rank = [None] * n
         self._started = False
         self._masks_fresh = False
@@ -211,7 +212,7 @@ class LLMSchedVectorEnv(VectorEnv):
         self._masks_fresh = False
         # priority mode: every env's scores checked and ranked at once (the same slots in the same
         # order as each env's own step; an invalid row goes through the env's own step)
-        ranked = rank_scores(actions, [len(env.dp.slots) for env in envs]) if self._rank else self._no_rank
+        ranked = rank_scores(actions, [len(env.dp.slots) for env in envs], self._k) if self._rank else self._no_rank
         for i in range(self.num_envs):
             env = envs[i]
             if needs_reset[i]:  # NEXT_STEP: the episode ended at the last step
