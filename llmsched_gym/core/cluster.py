@@ -154,7 +154,8 @@ class ClusterView:
         self.kv_capacity = np.array([e.kv.capacity_tokens for e in cluster.engines], dtype=np.int64)
         self.routed = np.zeros(n, dtype=np.int64)
         self.block_size = np.array([e.kv.block_size for e in cluster.engines], dtype=np.int64)
-        self._fit_min = int(self.kv_capacity.min())  # can_take_all's bound (capacities are whole blocks)
+        # can_take_all's bound (capacities are whole blocks; a pool of no replicas takes nothing)
+        self._fit_min = int(self.kv_capacity.min()) if n else -1
         wl = cluster.workload
         info = information_of(wl)
         self.workload = wl if info == CLAIRVOYANT else GuardedWorkload(wl, info)
