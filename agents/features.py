@@ -19,10 +19,13 @@ normalises its features; ``VecNormalize`` is applied to ``running`` and ``global
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import torch
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from torch import nn
+from torch.nn import functional as F
 
 
 def _mlp(n_in: int, sizes: list[int]) -> nn.Sequential:
@@ -81,9 +84,13 @@ class QueueSetExtractor(BaseFeaturesExtractor):
         self.slot_score = nn.Linear(d, slot_out) if slot_out else None
         self.running = _mlp(n_run, list(context_hidden))
         self.globals = _mlp(n_glob, list(context_hidden))
+        self._table: torch.Tensor | None = None  # zeros: the (B * K, D) table of _RowSum, _RowScores (not a buffer)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         q = obs["queue"].reshape(-1, self.n_slots, self.n_slot_features)
+        g = torch.cat([obs["globals"], obs["budgets"]], dim=1) if self.has_budgets else obs["globals"]
+        if torch.is_grad_enabled():
+            return self._forward_rows(q, obs["running"], g)
         present = q.abs().sum(-1) > 0  # (B, K)
         occupied = present.unsqueeze(-1).to(q.dtype)  # (B, K, 1)
         if bool(present.all()):
@@ -95,11 +102,121 @@ class QueueSetExtractor(BaseFeaturesExtractor):
         mean = h.sum(1) / n
         # embeddings are >= 0 after ReLU, so zeroed empty slots never win the max
         mx = slot_max(h)
-        g = torch.cat([obs["globals"], obs["budgets"]], dim=1) if self.has_budgets else obs["globals"]
         parts = [mean, mx, self.running(obs["running"]), self.globals(g)]
         if self.slot_score is not None:
             parts.append((self.slot_score(h) * occupied).flatten(1))
         return torch.cat(parts, dim=1)
+
+    def _forward_rows(self, q: torch.Tensor, running: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` with autograd (a PPO update's minibatch): the same features and the same
+        gradients, bit for bit, with the occupied slots' embeddings kept as one ``(M, D)`` block of
+        rows (M is about an eighth of B x K in the azure-conv recipe's rollouts) instead of the
+        ``(B, K, D)`` table with zeros in the empty slots that the path above pools: the sum is
+        the table's (:class:`_RowSum`), the max a scatter of the rows (:class:`_RowMax`: the same
+        values, the gradient to the same slot) and the slot scores those of the rows, written
+        into the empty slots' values (:class:`_RowScores`; the weight's gradient is the table's
+        product over all B x K rows: the BLAS adds it in an order that depends on the rows'
+        positions). Autograd adds the three gradients of the rows in the table's order (scores,
+        max, sum). About half the time of the table's forward and backward pass."""
+        b, k, d = q.shape[0], self.n_slots, self.slot_dim
+        flat = q.reshape(b * k, self.n_slot_features)
+        present = flat.abs().sum(-1) > 0  # (B * K,)
+        idx = present.nonzero().squeeze(1)
+        rows = idx.div(k, rounding_mode="floor")  # each occupied slot's sample
+        hp = self.slot(flat.index_select(0, idx))  # (M, D), >= 0 after ReLU
+        n = present.view(b, k).sum(1, keepdim=True).to(q.dtype).clamp(min=1.0)
+        table = self._table
+        if table is None or table.shape != (b * k, d) or table.dtype != hp.dtype or table.device != hp.device:
+            table = self._table = hp.new_zeros(b * k, d)
+        mean = _RowSum.apply(hp, idx, rows, table, k) / n
+        mx = _RowMax.apply(hp, rows, b)
+        parts = [mean, mx, self.running(running), self.globals(g)]
+        if self.slot_score is not None:
+            scores = _RowScores.apply(hp, self.slot_score.weight, self.slot_score.bias, idx,
+                                      present.unsqueeze(1).to(q.dtype), table)
+            parts.append(scores.view(b, -1))
+        return torch.cat(parts, dim=1)
+
+
+class _RowSum(torch.autograd.Function):
+    """``(B, D)`` sum of each sample's occupied rows of ``hp``, as ``sum(1)`` of the ``(B, K, D)``
+    table with zeros in the empty slots sums them (the table is filled for the sum and zeroed
+    again: the reduction's order of additions depends on the table's shape and the CPU's vector
+    width, and it is the table's that the features had). The backward pass gives each row its
+    sample's gradient, what the table's ``sum`` and the gather of the occupied slots gave."""
+
+    @staticmethod
+    def forward(ctx: Any, hp: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor, table: torch.Tensor,
+                k: int) -> torch.Tensor:
+        table.index_copy_(0, idx, hp)
+        total = table.view(-1, k, table.shape[1]).sum(1)
+        table.index_fill_(0, idx, 0.0)
+        ctx.save_for_backward(rows)
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (rows,) = ctx.saved_tensors
+        return grad.index_select(0, rows), None, None, None, None
+
+
+class _RowMax(torch.autograd.Function):
+    """``(B, D)`` max over each sample's occupied rows of ``hp`` (``(M, D)``, >= 0; ``rows``: the
+    sample of each row, ascending) and 0 where a sample has none: the values of ``torch.max``
+    over the ``(B, K, D)`` table with zeros in the empty slots. The backward pass sends each
+    gradient to the first row (in slot order) that holds a positive maximum, as ``torch.max``'s
+    sends it to the first maximal slot; where the maximum is 0 the table's gradient went to a
+    slot that the ReLU below blocks or to an empty one, i.e. nowhere."""
+
+    @staticmethod
+    def forward(ctx: Any, hp: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
+        mx = hp.new_zeros(n, hp.shape[1]).scatter_reduce_(0, rows.unsqueeze(1).expand_as(hp), hp, "amax")
+        ctx.save_for_backward(hp, rows, mx)
+        return mx
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        hp, rows, mx = ctx.saved_tensors
+        hit = (hp == mx.index_select(0, rows)) & (hp > 0)
+        if int(hit.sum()) == int((mx > 0).sum()):  # one row per positive maximum (no tie)
+            return torch.where(hit, grad.index_select(0, rows), 0.0), None, None
+        m = hp.shape[0]  # a tie (equal embeddings in one sample): the first of the tied rows
+        at = torch.where(hit, torch.arange(m, device=hp.device).unsqueeze(1), m)
+        first = torch.full(mx.shape, m, dtype=at.dtype, device=hp.device)
+        first.scatter_reduce_(0, rows.unsqueeze(1).expand_as(hp), at, "amin")
+        out = hp.new_zeros(m + 1, hp.shape[1]).scatter_(0, first, grad)
+        return out[:m], None, None
+
+
+class _RowScores(torch.autograd.Function):
+    """The slot scores ``(B * K, S)``: ``linear(hp, weight, bias)`` in the occupied rows ``idx``
+    and, in the empty ones, ``bias * 0``, the value of ``linear(0) * 0`` there. The backward pass
+    computes ``hp``'s gradient from the occupied rows and the weight's and the bias's as
+    ``linear`` on the table did: ``grad.t() @ table`` and ``grad.sum(0)`` over all B x K rows, the
+    empty ones' gradient times 0, with ``table`` (zeros, returned as zeros) holding the table for
+    the product."""
+
+    @staticmethod
+    def forward(ctx: Any, hp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, idx: torch.Tensor,
+                occupied: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        empty = (bias.detach() * 0.0).expand(occupied.shape[0], -1)
+        ctx.save_for_backward(hp, weight, idx, occupied)
+        ctx.table = table
+        return empty.index_copy(0, idx, F.linear(hp, weight, bias))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        hp, weight, idx, occupied = ctx.saved_tensors
+        table = ctx.table
+        g = grad * occupied  # the table's gradient: empty rows times 0
+        g_hp = grad.index_select(0, idx).mm(weight)
+        table.index_copy_(0, idx, hp)
+        g_weight = g.t().mm(table)
+        table.index_fill_(0, idx, 0.0)
+        return g_hp, g_weight, g.sum(0), None, None, None
 
 
 class ReplicaScorer(BaseFeaturesExtractor):

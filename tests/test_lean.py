@@ -244,3 +244,72 @@ def test_slot_max_is_torch_max_with_and_without_autograd():
     slot_max(x).backward(g)
     y.max(1).values.backward(g)
     assert torch.equal(x.grad, y.grad)
+
+
+def _table_features(ext, obs):
+    """The set encoder as it was computed before the occupied-rows path: the ``(B, K, D)`` table
+    of slot embeddings with zeros in the empty slots, pooled by ``sum`` and ``torch.max``, the slot
+    scores of the whole table times the occupancy (``agents.features`` before this change)."""
+    q = obs["queue"].reshape(-1, ext.n_slots, ext.n_slot_features)
+    present = q.abs().sum(-1) > 0
+    occupied = present.unsqueeze(-1).to(q.dtype)
+    if bool(present.all()):
+        h = ext.slot(q)
+    else:
+        h = q.new_zeros(q.shape[0], ext.n_slots, ext.slot_dim)
+        h[present] = ext.slot(q[present])
+    parts = [h.sum(1) / occupied.sum(1).clamp(min=1.0), h.max(1).values, ext.running(obs["running"]),
+             ext.globals(obs["globals"])]
+    if ext.slot_score is not None:
+        parts.append((ext.slot_score(h) * occupied).flatten(1))
+    return torch.cat(parts, dim=1)
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int32)  # equal bits: also the sign of every zero
+
+
+@pytest.mark.parametrize("case", ["sparse", "ties", "empty", "full", "no-scores", "zero-scores"])
+def test_set_encoder_rows_path_equals_the_table_bit_for_bit(case):
+    """With autograd the encoder pools the occupied slots' rows (``_RowMax``, ``_RowScores``);
+    its features and every parameter's gradient equal the table's in every bit: empty slots,
+    equal embeddings in one sample (the max's gradient to the first), an empty and a full queue,
+    no slot scores, zero slot-score weights (``slot_head``) with the empty slots' zeros' signs."""
+    from gymnasium import spaces
+
+    from agents.features import QueueSetExtractor
+
+    b, k, f = 64, 6, 3
+    space = spaces.Dict({"queue": spaces.Box(0, 1, (k, f), np.float32), "running": spaces.Box(0, 1, (4,), np.float32),
+                         "globals": spaces.Box(0, 1, (2,), np.float32)})
+    torch.manual_seed(3)
+    ext = QueueSetExtractor(space, slot_hidden=(16, 8), context_hidden=(4,), slot_out=0 if case == "no-scores" else 2)
+    rng = np.random.default_rng(7)
+    q = rng.uniform(-1, 1, (b, k, f)).astype(np.float32)
+    n = rng.integers(0, k + 1, b)
+    q[np.arange(k)[None, :] >= n[:, None]] = 0.0  # the env fills the first n slots
+    if case == "ties":
+        q[:, 2] = q[:, 0]  # a request shown twice: equal embeddings, maxima tied
+    elif case == "empty":
+        q[:] = 0.0
+    elif case == "full":
+        q = rng.uniform(-1, 1, (b, k, f)).astype(np.float32)
+    elif case == "zero-scores":
+        with torch.no_grad():
+            ext.slot_score.weight.zero_()
+            ext.slot_score.bias.copy_(torch.tensor([0.0, -0.5]))
+    obs = {"queue": torch.as_tensor(q.reshape(b, -1)), "running": torch.rand(b, 4), "globals": torch.rand(b, 2)}
+    w = torch.randn(b, ext.features_dim)
+    got = []
+    for forward in (ext, lambda o: _table_features(ext, o)):
+        ext.zero_grad(set_to_none=True)
+        out = forward(obs)
+        out.backward(w)
+        got.append((out.detach(), [p.grad.clone() for p in ext.parameters()]))
+    (rows, g_rows), (table, g_table) = got
+    assert torch.equal(_bits(rows), _bits(table))
+    assert all(torch.equal(_bits(x), _bits(y)) for x, y in zip(g_rows, g_table, strict=True))
+    with torch.no_grad():  # the rollouts' path (the table, amax)
+        assert torch.equal(_bits(ext(obs)), _bits(table))
+    if case == "ties":
+        assert ext._table is not None and torch.count_nonzero(ext._table) == 0  # left as zeros
