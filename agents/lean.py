@@ -23,6 +23,9 @@ Everything it does not special-case (a buffer other than SB3's ``RolloutBuffer``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch as th
 from gymnasium import spaces
@@ -32,6 +35,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.utils import explained_variance, obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 from torch.nn import functional as F
+
+from agents.optim import Adam
 
 _FIELDS = ("actions", "values", "log_probs", "advantages", "returns")
 
@@ -56,6 +61,32 @@ def _as_tensors(buf: RolloutBuffer | DictRolloutBuffer) -> tuple[dict[str, th.Te
     rest = [th.from_numpy(buf.actions.astype(np.float32, copy=False))]
     rest += [th.from_numpy(buf.__dict__[name].reshape(-1)) for name in _FIELDS[1:]]
     return obs, rest
+
+
+def _plain_step(optimizer: th.optim.Optimizer) -> Callable[[th.optim.Optimizer], Any] | None:
+    """:class:`agents.optim.Adam`'s ``step`` without the wrapper that ``torch.optim.Optimizer``
+    puts around it (a profiler range and the step hooks), or None: another optimizer, or a hook
+    registered (then :meth:`LeanPPO.train` calls ``zero_grad``, ``clip_grad_norm_`` and ``step``)."""
+    from torch.optim import optimizer as torch_optimizer
+
+    step = getattr(type(optimizer).step, "__wrapped__", None)
+    if (not isinstance(optimizer, Adam) or step is None or optimizer._optimizer_step_pre_hooks
+            or optimizer._optimizer_step_post_hooks or torch_optimizer._global_optimizer_pre_hooks
+            or torch_optimizer._global_optimizer_post_hooks):
+        return None
+    return step
+
+
+def _clip_grad_norm(params: list[th.Tensor], max_norm: float) -> None:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm)`` (2-norm, float32 CPU tensors, the
+    foreach kernels it picks for them): the same norm and the same scaled gradients, without its
+    grouping by device and type."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    with th.no_grad():
+        total = th.linalg.vector_norm(th.stack(th._foreach_norm(grads, 2.0)), 2.0)
+        th._foreach_mul_(grads, th.clamp(float(max_norm) / (total + 1e-6), max=1.0))
 
 
 class LeanPPO(PPO):
@@ -148,6 +179,8 @@ class LeanPPO(PPO):
         discrete = isinstance(self.action_space, spaces.Discrete)
         policy, optimizer = self.policy, self.policy.optimizer
         params = list(policy.parameters())
+        plain = _plain_step(optimizer)
+        opt_params = [p for group in optimizer.param_groups for p in group["params"]]
         obs_all, (act_all, val_all, logp_all, adv_all, ret_all) = None, (None,) * 5
         loss = None
         continue_training = True
@@ -196,10 +229,17 @@ class LeanPPO(PPO):
                     if self.verbose >= 1:
                         print(f"Early stopping at step {epoch} due to reaching max kl: {approx_kl_div:.2f}")
                     break
-                optimizer.zero_grad()
-                loss.backward()
-                th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-                optimizer.step()
+                if plain:  # optimizer.zero_grad(), clip_grad_norm_, step() without their wrappers
+                    for p in opt_params:
+                        p.grad = None
+                    loss.backward()
+                    _clip_grad_norm(params, self.max_grad_norm)
+                    plain(optimizer)
+                else:
+                    optimizer.zero_grad()
+                    loss.backward()
+                    th.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+                    optimizer.step()
             self._n_updates += 1
             if not continue_training:
                 break

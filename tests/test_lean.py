@@ -313,3 +313,54 @@ def test_set_encoder_rows_path_equals_the_table_bit_for_bit(case):
         assert torch.equal(_bits(ext(obs)), _bits(table))
     if case == "ties":
         assert ext._table is not None and torch.count_nonzero(ext._table) == 0  # left as zeros
+
+
+def test_lean_clip_equals_torch_clip_grad_norm():
+    """``_clip_grad_norm``: torch's norm and scaled gradients, parameters without a gradient skipped."""
+    from agents.lean import _clip_grad_norm
+
+    torch.manual_seed(2)
+    for scale in (0.01, 10.0):  # below and above the limit
+        ps = [torch.nn.Parameter(torch.randn(s)) for s in [(3, 4), (4,), (5,), (2, 2)]]
+        for p in ps[:3]:
+            p.grad = torch.randn_like(p) * scale
+        qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+        for p, q in zip(ps, qs, strict=True):
+            q.grad = None if p.grad is None else p.grad.clone()
+        before = [p.grad.clone() for p in ps[:3]]
+        _clip_grad_norm(ps, 0.5)
+        torch.nn.utils.clip_grad_norm_(qs, 0.5)
+        assert ps[3].grad is None
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(ps[:3], qs[:3], strict=True))
+        norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in ps[:3]])))
+        if scale < 1:  # under the limit: unchanged
+            assert all(torch.equal(p.grad, g) for p, g in zip(ps[:3], before, strict=True))
+        else:
+            assert norm == pytest.approx(0.5, rel=1e-5)
+
+
+def test_lean_update_calls_the_optimizers_hooks_when_there_are_any():
+    """With a step hook registered the update goes through ``zero_grad`` and the wrapped ``step``
+    (the hook sees every step) and learns what it learns without one."""
+    from agents.lean import _plain_step
+
+    np.random.seed(11)
+    plain, _ = _learn(LeanPPO, False)
+    assert _plain_step(plain.policy.optimizer) is not None
+    calls = []
+    original = LeanPPO._setup_model
+
+    def with_hook(self):
+        original(self)
+        self.policy.optimizer.register_step_pre_hook(lambda opt, args, kwargs: calls.append(1))
+
+    np.random.seed(11)
+    LeanPPO._setup_model = with_hook
+    try:
+        hooked, _ = _learn(LeanPPO, False)
+    finally:
+        LeanPPO._setup_model = original
+    assert _plain_step(hooked.policy.optimizer) is None
+    assert len(calls) == 2 * 3 * 3  # 2 updates x 3 epochs x 3 minibatches (64 samples, batches of 24)
+    a, b = plain.policy.state_dict(), hooked.policy.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
