@@ -125,7 +125,7 @@ class QueueSetExtractor(BaseFeaturesExtractor):
         rows = idx.div(k, rounding_mode="floor")  # each occupied slot's sample
         hp = self.slot(flat.index_select(0, idx))  # (M, D), >= 0 after ReLU
         n = present.view(b, k).sum(1, keepdim=True).to(q.dtype).clamp(min=1.0)
-        table = self._table
+        table = getattr(self, "_table", None)  # (an extractor unpickled from before it had one: None)
         if table is None or table.shape != (b * k, d) or table.dtype != hp.dtype or table.device != hp.device:
             table = self._table = hp.new_zeros(b * k, d)
         mean = _RowSum.apply(hp, idx, rows, table, k) / n
