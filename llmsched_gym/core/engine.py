@@ -273,21 +273,25 @@ class _DecodeSet:
 
 class _Deferred:
     """A fast-forwarded decode run not yet applied (:meth:`Engine.pending_to`): ``t`` the clock at
-    each of its boundaries (``t[0]`` its start), ``d`` each step's duration, ``used`` the KV blocks
-    in use after each step (``used0`` before), the log rows (``rows``, or columns ``cols``); the
-    stepped engine would stand at boundary ``cut``; the run ends at boundary ``end``. A run of
-    scalar steps is computed only as far as it is read (``more``: what its next steps need;
-    ``None`` once ``end`` is the run's end), so that the steps past an arrival that cuts it are
-    never computed."""
+    each of its boundaries (``t[0]`` its start), ``used`` the KV blocks in use after each step
+    (``used0`` before), the log rows (``rows``, each holding its step's duration; or columns
+    ``cols`` with the durations in ``d``); the stepped engine would stand at boundary ``cut``; the
+    run ends at boundary ``end``. A run of scalar steps is computed only as far as it is read
+    (``more``: what its next steps need; ``None`` once ``end`` is the run's end), so that the steps
+    past an arrival that cuts it are never computed; ``acc`` holds the engine's KV time integral,
+    busy time and KV peak after its computed steps (summed as it computes them: the engine's
+    counters cannot change while a run is pending), so that committing the whole computed run
+    needs no second pass over its steps."""
 
-    __slots__ = ("ds", "used0", "t", "d", "used", "rows", "cols", "cut", "end", "more")
+    __slots__ = ("ds", "used0", "t", "d", "used", "rows", "cols", "cut", "end", "more", "acc")
 
-    def __init__(self, ds: _DecodeSet, used0: int, t: list[float], d: list[float], used: list[int],
+    def __init__(self, ds: _DecodeSet, used0: int, t: list[float], d: list[float] | None, used: list[int],
                  rows: list[tuple] | None, cols: dict[str, Any] | None, more: list | None = None) -> None:
         self.ds, self.used0, self.t, self.d, self.used, self.rows, self.cols = ds, used0, t, d, used, rows, cols
         self.cut = 0
-        self.end = len(d)
+        self.end = len(used)
         self.more = more
+        self.acc: tuple[float, float, int] | None = None
 
 
 class Engine:
@@ -1112,9 +1116,10 @@ class Engine:
         """:meth:`_ff_scalars` with ``defer``: the run's steps up to the routing point (at least 2)
         are computed now, the rest when read (:meth:`_defer_steps`); a run that ends before the
         routing point is applied at once, as a stepped engine runs it."""
-        kv = self.kv
-        p = _Deferred(ds, kv.used_blocks, [self.clock], [], [], [], None,
-                      [0, k, limit, noise, ds.ctx, self.clock, kv.used_blocks, len(self.waiting), len(self.running)])
+        kv, c = self.kv, self.counters
+        p = _Deferred(ds, kv.used_blocks, [self.clock], None, [], [], None,
+                      [0, k, limit, noise, ds.ctx, self.clock, kv.used_blocks, len(self.waiting), len(self.running),
+                       c.kv_time_integral, c.busy_time, c.kv_peak_blocks])
         self._defer_steps(p, self.more_from)
         if p.end < 2:
             return False
@@ -1129,11 +1134,13 @@ class Engine:
     def _defer_steps(self, p: _Deferred, until: float) -> None:
         """Compute the pending run's next steps, as :meth:`_ff_scalars` does, until its clock reaches
         ``until`` (and it has at least 2 steps) or the run ends (``p.more`` is then ``None``)."""
-        j, k, limit, noise, ctx, t, used, nw, nr = p.more
+        more = p.more
+        j, k, limit, noise, ctx, t, used, nw, nr, kti, busy, peak = more
         kv, ds = self.kv, p.ds
         bs, cap, b, cnt, step = kv.block_size, kv.capacity_blocks, len(ds.members), ds.cnt, ds.step
         batch_time = self.latency.batch_time
-        ts, ds_, us, rows = p.t, p.d, p.used, p.rows
+        ts, us, rows = p.t, p.used, p.rows
+        add_t, add_u, add_row = ts.append, us.append, rows.append
         ended = True
         while j < k:
             g = b if cnt is None else cnt[(step + j) % bs]
@@ -1143,11 +1150,14 @@ class Engine:
             d = batch_time(0, 0, 0, b, ctx)
             if noise is not None:
                 d *= noise[j]
-            rows.append((t, d, 0, 0, b, ctx, used * bs, nw, nr, 0))
+            add_row((t, d, 0, 0, b, ctx, used * bs, nw, nr, 0))
             t = t + d
-            ts.append(t)
-            ds_.append(d)
-            us.append(used)
+            add_t(t)
+            add_u(used)
+            kti += used * d  # the engine's sums, in the order _ff_scalars adds them
+            busy += d
+            if used > peak:
+                peak = used
             ctx += b
             j += 1
             if t >= limit:
@@ -1156,10 +1166,11 @@ class Engine:
                 ended = j == k
                 break
         p.end = j
+        p.acc = (kti, busy, peak)
         if ended:
             p.more = None
         else:
-            p.more[0], p.more[4], p.more[5], p.more[6] = j, ctx, t, used
+            more[0], more[4], more[5], more[6], more[9], more[10], more[11] = j, ctx, t, used, kti, busy, peak
 
     def _ff_arrays(self, ds: _DecodeSet, k: int, limit: float, defer: bool = False) -> bool:
         """Up to ``k`` steps as array operations (long runs; kept in :attr:`pending` with ``defer``)."""
@@ -1255,23 +1266,29 @@ class Engine:
         if p.more is not None:  # the engine goes on from the run's end, as the whole run is applied
             self._defer_steps(p, math.inf)
         self.pending = None
-        m, kv, c = p.end, self.kv, self.counters
-        used, d = p.used[:m], p.d[:m]
-        kti, busy = c.kv_time_integral, c.busy_time
-        for u, x in zip(used, d, strict=True):  # sequential sums, bit for bit the step-by-step ones
-            kti += u * x
-            busy += x
-        c.kv_time_integral, c.busy_time = kti, busy
-        peak = max(used)
+        m, kv, c, rows = p.end, self.kv, self.counters, p.rows
+        last = p.used[m - 1]
+        if rows is not None and m == len(rows):  # every computed step: their sums are kept
+            c.kv_time_integral, c.busy_time, peak = p.acc
+            self.log.add_rows(rows)
+        else:
+            kti, busy = c.kv_time_integral, c.busy_time
+            used = p.used[:m]
+            d = p.d[:m] if rows is None else [r[1] for r in rows[:m]]
+            for u, x in zip(used, d, strict=True):  # sequential sums, bit for bit the step-by-step ones
+                kti += u * x
+                busy += x
+            c.kv_time_integral, c.busy_time = kti, busy
+            peak = max(used)
+            if rows is not None:
+                self.log.add_rows(rows[:m])
+            else:
+                self.log.add_segment({k: v[:m] if isinstance(v, np.ndarray) else v for k, v in p.cols.items()})
         if peak > c.kv_peak_blocks:
             c.kv_peak_blocks = peak
         if kv.enabled:
-            kv.make_room(used[-1] - kv.used_blocks)
-        kv.used_blocks = used[-1]
-        if p.rows is not None:
-            self.log.add_rows(p.rows[:m] if m < len(p.rows) else p.rows)
-        else:
-            self.log.add_segment({k: v[:m] if isinstance(v, np.ndarray) else v for k, v in p.cols.items()})
+            kv.make_room(last - kv.used_blocks)
+        kv.used_blocks = last
         self._ff_commit(p.ds, m, p.t[m], p.t[1])
 
     def _ff_commit(self, ds: _DecodeSet, k: int, t_end: float, t_first: float) -> None:
