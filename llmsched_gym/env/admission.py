@@ -65,7 +65,7 @@ class FutureProfile:
             # for the maxima below, which the first of the group attains)
             f = c * self._desc[len(self._desc) - n:]
             f += suffix[:n]
-            self.peak = int(np.maximum.reduce(f))
+            self.peak = int(f[f.argmax()])  # (the maximum; cheaper than a reduction on arrays this small)
             f += c
             np.maximum.accumulate(f, out=prefix_max[1:])
         else:

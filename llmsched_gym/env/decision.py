@@ -190,8 +190,11 @@ class DecisionPoint:
         if e.n_in_prefill:
             pf = self.prefilled[ids]
             left = self.target[ids] - pf  # 0 for a decode
+            # the unfinished prefills: few (chunked prefills run one or two at a time), so their
+            # sums and blocks are Python integers over their positions
             mid = left > 0
-            n_mid = int(np.count_nonzero(mid))
+            at = mid.nonzero()[0].tolist()
+            n_mid = len(at)
             # an unfinished prefill is a line like a candidate's (cand_c, cand_b): base KV +
             # owed + emitted - 1; a decode's is its KV (owed 0), so one formula when prefill
             # emits a token
@@ -201,14 +204,19 @@ class DecisionPoint:
             if not emit:
                 base -= mid
                 rem += mid
-            # (sums over the unfinished prefills as integer dot products with the mask: exact)
-            self.shape = (n - n_mid, int(_sum(kvt)) - int(kvt @ mid), n_mid, int(_sum(left)), int(pf @ mid))
+            kv_l = kvt.tolist()
+            mid_kv = [kv_l[j] for j in at]
+            owed_l = [int(left[j]) for j in at]
+            owed = sum(owed_l)
+            self.shape = (n - n_mid, sum(kv_l) - sum(mid_kv), n_mid, owed, sum(int(pf[j]) for j in at))
             self.run_ids, self.run_left = ids, left
+            self.unfinished = ([run[j] for j in at], owed_l)
+            growth = self.led.running_growth(kvt, left, owed, n_mid, list(zip(mid_kv, owed_l)))
         else:
             base = kvt + pad if pad else kvt
-            self.shape = (n, int(_sum(kvt)), 0, 0, 0)
+            self.shape = (n, sum(kvt.tolist()), 0, 0, 0)
             self.run_left = None
-        growth = self.led.running_growth(kvt, self.run_left, self.shape[3], self.shape[2])
+            growth = self.led.running_growth(kvt, None)
         self.n_run = n
         self.rem, self.line_base = rem, base
         return growth
