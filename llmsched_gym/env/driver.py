@@ -177,11 +177,19 @@ class Driver:
         for r in plan.pause:
             if e.state[r] == RUNNING:
                 st.setdefault(r, t0)
-        if e.n_in_prefill:
-            run = np.array(e.running, np.int64)
-            for r in run[e.prefilled[run] < e.prefill_target[run]].tolist():
-                if r not in plan.prefill:
-                    st.setdefault(r, t0)
+        n_mid = e.n_in_prefill
+        if n_mid:
+            # the unfinished prefills that got no chunk; none when every one of them (there are
+            # n_in_prefill) is in the plan (usually: its few prefill entries are read one by one)
+            state, prefilled, target = e.state, e.prefilled, e.prefill_target
+            for r in plan.prefill:
+                if state[r] == RUNNING and prefilled[r] < target[r]:
+                    n_mid -= 1
+            if n_mid:
+                run = np.fromiter(e.running, np.int64, len(e.running))
+                for r in run[prefilled[run] < target[run]].tolist():
+                    if r not in plan.prefill:
+                        st.setdefault(r, t0)
 
 
 __all__ = ["Driver"]
