@@ -84,7 +84,6 @@ class DecisionPoint:
         self.cand_c = np.maximum(self.pred, 1) + (1 - self.emit)
         self.cand_b = target + (self.emit - 1 + self.pad)
         self.room = np.zeros(n, np.int64)
-        self.pad_ids = [n] * self.K
         self.empty_pad = np.full(self.K, n, np.int64)
         self.bid = 0
         self.slots: list[int] = []
@@ -284,8 +283,9 @@ class DecisionPoint:
         if n == k:
             self.ids_pad = self.ids = ids = np.array(slots, np.int64) if ids is None else ids
         else:
-            self.ids_pad = np.array(slots + self.pad_ids[: k - n], np.int64)
-            ids = self.ids = self.ids_pad[:n]
+            self.ids_pad = pad = self.empty_pad.copy()
+            pad[:n] = slots if ids is None else ids
+            ids = self.ids = pad[:n]
         self.fits_now = fits = self.need[ids] <= self.free - self.sel_blocks
         self.fits_future = None
         if self.admission == "current":

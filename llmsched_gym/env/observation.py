@@ -264,6 +264,7 @@ class ObservationBuilder:
         self.rows = st
         self.age_col = st[:, Q["age"]]  # (a column view: 1-D indexing is cheaper)
         self.key = None
+        self.base = np.zeros(self.size, np.float32)
         big = np.iinfo(np.int64).max // 4  # the unlimited budget
         if self.budgets:
             self.budget_list = [big if b is None else b for b in self.budgets]
@@ -342,10 +343,10 @@ class ObservationBuilder:
     def _boundary(self, last: Recent) -> None:
         """The base of this boundary: the running requests (less those chosen for preemption),
         the globals; the budgets' batch times start over. The running and the globals parts are
-        each written as one block (``queue_len``, ``backlog`` and ``selected`` are the step's, in
+        written as one block (``queue_len``, ``backlog`` and ``selected`` are the step's, in
         :meth:`observe`)."""
         e, dp = self.e, self.dp
-        base = self.base = np.zeros(self.size, np.float32)
+        base = self.base  # (its queue part stays all zeros; the budgets' are rewritten every step)
         cap, inv_log_cap, inv_unit, inv_log_time = dp.cap_blocks, self.inv_log_cap, self.inv_unit, self.inv_log_time
         log1p = math.log1p
         # running requests
@@ -369,13 +370,12 @@ class ObservationBuilder:
                     min(log1p(owed) * inv_log_cap, 2.0) if mid else 0.0,
                     log1p(len(dp.victims)) * inv_log_cap if dp.victims else 0.0,
                     min(log1p(self.run_tokens) * inv_log_cap, 2.0)]
-        base[self.nq:self.g0] = running
         # globals
         now = e.clock
         recent = e.next_idx - bisect.bisect_left(self.arrival_list, now - self.rate_window, 0, e.next_idx)
         b = last.budget
         stalled = last.stalled
-        base[self.g0:self.b0] = [
+        base[self.nq:self.b0] = running + [
             min(e.kv.used_blocks / cap, 2.0),
             0.0,  # queue_len
             log1p(recent) * self.inv_log_n,
