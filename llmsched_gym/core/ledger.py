@@ -144,33 +144,31 @@ class Ledger:
         emits it (element-wise): what an admission of the whole prompt holds after its iteration."""
         return (target + (self.emit + self.bs - 1)) // self.bs
 
-    def running_growth(self, kvt: np.ndarray, left: np.ndarray | None, owed: int | None = None,
-                       n_mid: int | None = None, mids: list[tuple[int, int]] | None = None) -> int:
+    def running_growth(self, kvt: np.ndarray, left: np.ndarray | None = None,
+                       mids: list[tuple[int, int]] | None = None) -> int:
         """Blocks the running requests with KV ``kvt`` add when each decodes once (``left == 0``)
         or runs its unfinished prefill (``left`` tokens owed) to the end (:meth:`growth`, summed).
-        ``left=None``: every one of them decodes. ``owed``, ``n_mid`` and ``mids``, when the
-        caller has them: ``left``'s sum, its count of non-zero entries and the ``(KV tokens,
-        tokens owed)`` of each unfinished prefill (paged mode then counts the decodes' new blocks
-        over all of ``kvt`` and corrects for the few prefills, instead of a formula per element)."""
-        bs = self.bs
-        if left is None:
-            return len(kvt) if bs == 1 else int(np.count_nonzero(kvt % bs == 0))
-        if bs == 1:  # a decode adds 1, a prefill what it owes (and token 1 when prefill emits it)
-            if self.emit:
-                return len(kvt) + (int(left.sum()) if owed is None else owed)
-            return len(kvt) + (int(left.sum()) if owed is None else owed) - (
-                int(np.count_nonzero(left)) if n_mid is None else n_mid)
+        ``left=None`` (and no ``mids``): every one of them decodes. ``mids`` instead of ``left``:
+        the ``(KV tokens, tokens owed)`` of each unfinished prefill, when the caller has them
+        (the same count: the decodes' new blocks counted over all of ``kvt`` with a correction
+        for each of the few prefills, instead of a formula per element)."""
+        bs, emit = self.bs, self.emit
         if mids is not None:
+            if bs == 1:  # a decode adds 1, a prefill what it owes (and token 1 when prefill emits it)
+                return len(kvt) + sum(c for _, c in mids) - (0 if emit else len(mids))
             # a decode adds a block when its last one is full; an unfinished prefill stores the
             # rest of its prompt and token 1 if emitted (:meth:`step` of its final chunk)
             grow = len(kvt) - int(np.count_nonzero(kvt % bs))
-            emit = self.emit
             for k, c in mids:
                 grow += -(-(k + c + emit) // bs) - -(-k // bs) - (k % bs == 0)
             return grow
+        if left is None:
+            return len(kvt) if bs == 1 else int(np.count_nonzero(kvt % bs == 0))
+        if bs == 1:
+            return len(kvt) + int(left.sum()) - (0 if emit else int(np.count_nonzero(left)))
         # a decode stores one token; an unfinished prefill the rest of its prompt and token 1 if emitted
         end = kvt + left
-        end += bs if self.emit else bs - (left > 0)
+        end += bs if emit else bs - (left > 0)
         return int((end // bs - (kvt + (bs - 1)) // bs).sum())
 
     # ---- one iteration of the engine -----------------------------------------------------------

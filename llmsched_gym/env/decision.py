@@ -177,7 +177,6 @@ class DecisionPoint:
         e, emit, pad = self.e, self.emit, self.pad
         self.running_ok = True
         self.residents_ok = False
-        self.unfinished = None
         run = self.survivors()
         self.run_list = run
         ids = np.fromiter(run, np.int64, len(run))
@@ -188,33 +187,32 @@ class DecisionPoint:
         n = len(run)
         if e.n_in_prefill:
             pf = self.prefilled[ids]
-            left = self.target[ids] - pf  # 0 for a decode
             # the unfinished prefills: few (chunked prefills run one or two at a time), so their
             # sums and blocks are Python integers over their positions
-            mid = left > 0
+            mid = pf < self.target[ids]
             at = mid.nonzero()[0].tolist()
             n_mid = len(at)
+            kv_l = kvt.tolist()
+            mid_kv = [kv_l[j] for j in at]
+            pf_l = [int(pf[j]) for j in at]
+            owed_l = [int(self.target[run[j]]) - p for j, p in zip(at, pf_l, strict=True)]
             # an unfinished prefill is a line like a candidate's (cand_c, cand_b): base KV +
             # owed + emitted - 1; a decode's is its KV (owed 0), so one formula when prefill
             # emits a token
-            base = kvt + left
-            if pad:
-                base += pad
+            base = kvt + pad
+            for j, owed in zip(at, owed_l, strict=True):
+                base[j] += owed
             if not emit:
                 base -= mid
                 rem += mid
-            kv_l = kvt.tolist()
-            mid_kv = [kv_l[j] for j in at]
-            owed_l = [int(left[j]) for j in at]
             owed = sum(owed_l)
-            self.shape = (n - n_mid, sum(kv_l) - sum(mid_kv), n_mid, owed, sum(int(pf[j]) for j in at))
-            self.run_ids, self.run_left = ids, left
+            self.shape = (n - n_mid, sum(kv_l) - sum(mid_kv), n_mid, owed, sum(pf_l))
             self.unfinished = ([run[j] for j in at], owed_l)
-            growth = self.led.running_growth(kvt, left, owed, n_mid, list(zip(mid_kv, owed_l)))
+            growth = self.led.running_growth(kvt, mids=list(zip(mid_kv, owed_l, strict=True)))
         else:
             base = kvt + pad if pad else kvt
             self.shape = (n, sum(kvt.tolist()), 0, 0, 0)
-            self.run_left = None
+            self.unfinished = ([], [])
             growth = self.led.running_growth(kvt, None)
         self.n_run = n
         self.rem, self.line_base = rem, base
@@ -227,29 +225,22 @@ class DecisionPoint:
         self.rem = np.concatenate((self.rem[:i], self.rem[i + 1:]))
         self.line_base = np.concatenate((self.line_base[:i], self.line_base[i + 1:]))
         n_dec, dec_ctx, n_mid, owed, mid_ctx = self.shape
-        if self.run_left is not None:
-            self.run_ids = np.concatenate((self.run_ids[:i], self.run_ids[i + 1:]))
-            self.run_left = np.concatenate((self.run_left[:i], self.run_left[i + 1:]))
         left = int(self.target[rid] - self.prefilled[rid])
         if left > 0:
             self.shape = (n_dec, dec_ctx, n_mid - 1, owed - left, mid_ctx - int(self.prefilled[rid]))
+            ids, owes = self.unfinished
+            j = ids.index(rid)
+            self.unfinished = (ids[:j] + ids[j + 1:], owes[:j] + owes[j + 1:])
         else:
             self.shape = (n_dec - 1, dec_ctx - int(self.kvt[rid]), n_mid, owed, mid_ctx)
         self.n_run -= 1
         self.residents_ok = False
-        self.unfinished = None
 
     def unfinished_prefills(self) -> tuple[list[int], list[int]]:
         """The surviving running requests with an unfinished prefill, in admission order, and the
-        prompt tokens each still owes (computed once per change of the running set; read only)."""
+        prompt tokens each still owes (computed with the running set; read only)."""
         if not self.running_ok:
             self.running_set()
-        if self.unfinished is None:
-            if self.shape[2]:
-                mid = self.run_left > 0
-                self.unfinished = (self.run_ids[mid].tolist(), self.run_left[mid].tolist())
-            else:
-                self.unfinished = ([], [])
         return self.unfinished
 
     def batch_shape(self) -> tuple[int, int, int, int, int]:
