@@ -40,11 +40,15 @@ class FutureProfile:
     :param max_residents: an upper bound on the number of residents (the workload size).
     """
 
-    __slots__ = ("capacity", "_desc", "_cs", "_suffix", "_prefix_max", "peak")
+    __slots__ = ("capacity", "_desc", "_cs", "_suffix", "_prefix_max", "peak", "_suffix_buf", "_prefix_buf")
 
     def __init__(self, capacity_tokens: int, max_residents: int) -> None:
         self.capacity = int(capacity_tokens)
         self._desc = np.arange(max_residents + 1, 0, -1, dtype=np.int64)
+        # the two tables live in buffers for the most residents (each build writes a prefix)
+        self._suffix_buf = np.zeros(max_residents + 2, np.int64)
+        self._prefix_buf = np.empty(max_residents + 2, np.int64)
+        self._prefix_buf[0] = _NO_PEAK
         self.build(np.empty(0, np.int64), np.empty(0, np.int64))
 
     def build(self, c: np.ndarray, base: np.ndarray) -> None:
@@ -56,9 +60,12 @@ class FutureProfile:
         highest peak ``F(c_x) + c_x`` among the residents before ``k`` (``_NO_PEAK``: none). Integers
         throughout: numpy's casting paths cost more than the arithmetic on arrays this small."""
         n = len(c)
-        suffix = np.zeros(n + 1, np.int64)
-        prefix_max = np.empty(n + 1, np.int64)
-        prefix_max[0] = _NO_PEAK
+        if n + 2 > len(self._suffix_buf):  # more residents than announced: fresh tables
+            suffix, prefix_max = np.zeros(n + 1, np.int64), np.empty(n + 1, np.int64)
+            prefix_max[0] = _NO_PEAK
+        else:
+            suffix, prefix_max = self._suffix_buf[: n + 1], self._prefix_buf[: n + 1]
+            suffix[n] = 0
         if n:
             np.add.accumulate(base[::-1], out=suffix[n - 1::-1])
             # F at each point (exact at the first of equal points, lower at the others: harmless
@@ -77,13 +84,17 @@ class FutureProfile:
         would create up to its completion (the peaks before ``c``, a prefix maximum, and its own
         at ``c``: the residents from ``k`` on and itself, ``n + 1 - k`` lines). It fits iff
         ``room >= 0``; with ``x`` more tokens held throughout, iff ``room >= x``."""
+        return self.room_left(c, self.capacity - base)
+
+    def room_left(self, c: np.ndarray, spare: np.ndarray) -> np.ndarray:
+        """:meth:`room` given each candidate's ``spare = M - base`` (a fresh array)."""
         cs = self._cs
         k = cs.searchsorted(c)
         worst = len(cs) + 1 - k
         worst *= c
         worst += self._suffix[k]  # its own peak
         np.maximum(worst, self._prefix_max[k], out=worst)
-        return self.capacity - base - worst
+        return np.subtract(spare, worst, out=worst)
 
     def fits(self, c: np.ndarray, base: np.ndarray) -> np.ndarray:
         """Whether each candidate alone keeps every peak up to its completion within capacity."""

@@ -83,6 +83,7 @@ class DecisionPoint:
         self.need = led.whole_prompt(target)
         self.cand_c = np.maximum(self.pred, 1) + (1 - self.emit)
         self.cand_b = target + (self.emit - 1 + self.pad)
+        self.spare = self.cap_tokens - self.cand_b  # (the Eq. (1) room's M - base)
         self.room = np.zeros(n, np.int64)
         self.empty_pad = np.full(self.K, n, np.int64)
         self.bid = 0
@@ -107,6 +108,7 @@ class DecisionPoint:
             self.need[rid] = self.led.whole_prompt(target)
         self.cand_c[rid] = rem + 1 - self.emit
         self.cand_b[rid] = target + self.emit - 1 + self.pad
+        self.spare[rid] = self.cap_tokens - self.cand_b[rid]
 
     # ------------------------------------------------------------------------------------------
     # boundary
@@ -162,7 +164,7 @@ class DecisionPoint:
             else:
                 key = self.deadline_key[ids]
             ids = ids[key.argsort(kind="stable")]
-            self.queue = ids.tolist()
+            self.queue = ids  # (an array: read past the window only by a long run of selections)
             self.win = ids[:m]
         head = self.win[: self.K]
         slots = head.tolist()
@@ -308,7 +310,7 @@ class DecisionPoint:
         if q < self.n_waiting:
             # from this boundary's window when it reaches that far (indexing the engine's queue
             # past its head builds a list of the whole queue)
-            slots.append(int(self.win[q]) if q < self.win_len else self.queue[q])
+            slots.append(int(self.win[q] if q < self.win_len else self.queue[q]))
             self.qpos = q + 1
         self.fill_slots(slots)
 
@@ -424,7 +426,7 @@ class DecisionPoint:
         if self.room_upto < self.K + len(self.sel):  # (window()'s test, without the call)
             new, self.room_upto = self.window(self.room_upto)
             self.residents()
-            self.room[new] = self.fp_run.room(self.cand_c[new], self.cand_b[new])
+            self.room[new] = self.fp_run.room_left(self.cand_c[new], self.spare[new])
         return self.room[ids]
 
     def future_fits(self, ids: np.ndarray) -> np.ndarray:

@@ -87,8 +87,11 @@ class Driver:
 
     def run_plan(self, plan: BatchPlan) -> None:
         """Execute a plan of this boundary and advance to the next decision."""
-        if any(self.engine.state[r] == WAITING for r in plan.prefill):
-            self.recent.admit_s = self.engine.clock
+        state = self.engine.state
+        for r in plan.prefill:
+            if state[r] == WAITING:  # the plan admits a request
+                self.recent.admit_s = self.engine.clock
+                break
         self.execute(plan)
         self.advance()
 

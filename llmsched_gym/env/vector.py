@@ -222,7 +222,8 @@ class LLMSchedVectorEnv(VectorEnv):
                 if infos:
                     self._row_info(i, info)
                 continue
-            r, te, tr, comps = env._step(actions[i], ranked[i])
+            rank = ranked[i]
+            r, te, tr, comps = env._step(actions[i] if rank is None else None, rank)
             steps[i] += 1
             if limit is not None and steps[i] >= limit:
                 tr = True
