@@ -36,8 +36,6 @@ _BIN_LOW = np.array([1, *_EDGES, 1 << 62], np.int64)
 """Each bin's lowest remaining output, and a bound above all (remaining outputs are at least 1)."""
 _NO_HIST = np.zeros(N_BINS, np.int64)
 _NO_HIST.flags.writeable = False
-_sum = np.add.reduce
-"""``x.sum()`` of a 1-D array without the method's Python wrapper (the same reduction)."""
 
 
 class DecisionPoint:
