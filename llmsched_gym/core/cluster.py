@@ -329,9 +329,31 @@ _ROW_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output"
                "type_id", "ttft_slo_s", "tpot_slo_s")
 
 
+class _ReplicaWorkload(Workload):
+    """A replica's :class:`Workload`, grown in place by :class:`_Rows` (built without
+    ``__init__``: the global rows were validated). Each array is a view of the first ``n`` rows
+    of a :class:`_Rows` buffer, cut when first read after rows were added, so a routed request
+    re-slices only the fields read since the previous one."""
+
+
+def _cut_property(name: str) -> property:
+    def get(w: _ReplicaWorkload) -> np.ndarray:
+        rows = w._rows
+        v = rows.cut.get(name)
+        if v is None:
+            v = rows.cut[name] = rows.bufs[name][:rows.n]
+        return v
+    return property(get, doc=f"``{name}`` of the replica's requests.")
+
+
+for _f in _ROW_FIELDS:
+    setattr(_ReplicaWorkload, _f, _cut_property(_f))
+
+
 class _Rows:
     """A replica's requests: growable copies of the global workload's rows (doubling buffers), seen
-    through one :class:`Workload` (:attr:`workload`) whose arrays are re-sliced as rows are added."""
+    through one :class:`_ReplicaWorkload` (:attr:`workload`) whose arrays are views of the
+    buffers' first :attr:`n` rows."""
 
     def __init__(self, wl: Workload) -> None:
         self.n = 0
@@ -340,16 +362,12 @@ class _Rows:
         self.prefix: list | None = [] if wl.prefix is not None else None
         self.wl = wl
         self._pairs = [(self.bufs[f], getattr(wl, f)) for f in _ROW_FIELDS]
-        w = self.workload = object.__new__(Workload)  # the global rows were validated
+        self.cut: dict[str, np.ndarray] = {}  # the workload's views cut since rows were last added
+        w = self.workload = object.__new__(_ReplicaWorkload)
+        w._rows = self
         w.prefix = self.prefix
         w.client_weight = wl.client_weight
         w.meta = wl.meta
-        self._slice()
-
-    def _slice(self) -> None:
-        w, n = self.workload, self.n
-        for f, b in self.bufs.items():
-            setattr(w, f, b[:n])
 
     def add(self, gids: list[int], arrivals: list[float] | None = None) -> Workload:
         """Append the rows of global ids ``gids`` (with ``arrivals`` instead of theirs: migrated
@@ -377,7 +395,7 @@ class _Rows:
             p = self.wl.prefix
             self.prefix.extend(p[g] for g in gids)
         self.n = n
-        self._slice()
+        self.cut.clear()  # the views are short now: cut again when next read
         return self.workload
 
 

@@ -186,10 +186,10 @@ class _DecodeSet:
         ds = cls(engine.kv.block_size)
         ids = running
         if engine.n_in_prefill:
-            ids = ids[engine.prefilled[ids] >= engine.prefill_target[ids]]
+            ids = ids[engine._prefilled[ids] >= engine._prefill_target[ids]]
         if not len(ids):
             return ds
-        kv, gen = engine.kv_tokens[ids], engine.generated[ids]
+        kv, gen = engine._kv_tokens[ids], engine._generated[ids]
         ids_l, fin_l = ids.tolist(), (engine.workload.output_tokens[ids] - gen).tolist()
         ds.members = dict(zip(ids_l, fin_l, strict=True))
         ds.due = list(zip(fin_l, ids_l, strict=True))
@@ -367,8 +367,8 @@ class Engine:
         self._incoming: dict[int, tuple] = {}  # see migrate_in()
         self.defer_ff = False  # see pending_to()
         self.pending: _Deferred | None = None
-        self._bufs: dict[str, np.ndarray] = {}  # see _regrow()
-        self._cap = 0
+        self._cap = 0  # rows of the buffers once requests come at run time (see _regrow())
+        self._cut: dict[str, np.ndarray] = {}  # views cut by _GrowingEngine's properties
         self._max_len = (int(workload.prompt_tokens.max()), int(workload.output_tokens.max())) if n else (0, 0)
         stall = config.stall_iterations
         if stall <= 0:
@@ -383,19 +383,22 @@ class Engine:
         self._prompt = wl.prompt_tokens
         self._output = wl.output_tokens
         self._prompt_cum = np.concatenate(([0], np.cumsum(wl.prompt_tokens)))
-        self.state = np.zeros(n, dtype=np.int8)
-        self.prefilled = np.zeros(n, dtype=np.int64)
-        self.prefill_target = wl.prompt_tokens.copy()
-        self.generated = np.zeros(n, dtype=np.int64)
-        self.kv_tokens = np.zeros(n, dtype=np.int64)
-        self.swapped = np.zeros(n, dtype=bool)
+        self._state = np.zeros(n, dtype=np.int8)
+        self._prefilled = np.zeros(n, dtype=np.int64)
+        self._prefill_target = wl.prompt_tokens.copy()
+        self._generated = np.zeros(n, dtype=np.int64)
+        self._kv_tokens = np.zeros(n, dtype=np.int64)
+        self._swapped = np.zeros(n, dtype=bool)
         self._stamp = np.zeros(n, dtype=np.int64)
-        self.first_scheduled_s = np.full(n, np.nan)
-        self.first_token_s = np.full(n, np.nan)
-        self.completion_s = np.full(n, np.nan)
-        self.preemptions = np.zeros(n, dtype=np.int64)
-        self.recomputed_tokens = np.zeros(n, dtype=np.int64)
-        self.cached_tokens = np.zeros(n, dtype=np.int64)
+        self._first_scheduled_s = np.full(n, np.nan)
+        self._first_token_s = np.full(n, np.nan)
+        self._completion_s = np.full(n, np.nan)
+        self._preemptions = np.zeros(n, dtype=np.int64)
+        self._recomputed_tokens = np.zeros(n, dtype=np.int64)
+        self._cached_tokens = np.zeros(n, dtype=np.int64)
+        for buf, name, _ in self._GROWN:
+            if name is not None:
+                setattr(self, name, getattr(self, buf))
         self.reject_reason: dict[int, str] = {}
 
     def _oversize_requests(self) -> frozenset[int]:
@@ -421,16 +424,24 @@ class Engine:
         return math.inf if self.more_from is None else self.more_from
 
     # ---- run-time arrivals (the cluster level) ------------------------------------------------
-    _GROWN = (("state", 0), ("prefilled", 0), ("prefill_target", None), ("generated", 0), ("kv_tokens", 0),
-              ("swapped", False), ("_stamp", 0), ("first_scheduled_s", math.nan), ("first_token_s", math.nan),
-              ("completion_s", math.nan), ("preemptions", 0), ("recomputed_tokens", 0), ("cached_tokens", 0))
+    # (buffer, public name, initial value): the engine's per-request arrays, read and written by
+    # request id through the buffers. The public names are the same arrays, or, once requests
+    # come at run time, views of the buffers' first ``n`` rows (see _GrowingEngine).
+    _GROWN = (("_state", "state", 0), ("_prefilled", "prefilled", 0), ("_prefill_target", "prefill_target", None),
+              ("_generated", "generated", 0), ("_kv_tokens", "kv_tokens", 0), ("_swapped", "swapped", False),
+              ("_stamp", None, 0), ("_first_scheduled_s", "first_scheduled_s", math.nan),
+              ("_first_token_s", "first_token_s", math.nan), ("_completion_s", "completion_s", math.nan),
+              ("_preemptions", "preemptions", 0), ("_recomputed_tokens", "recomputed_tokens", 0),
+              ("_cached_tokens", "cached_tokens", 0))
 
     def extend(self, workload: Workload) -> None:
         """Requests placed on this engine at run time (a cluster's router, :mod:`llmsched_gym.core.cluster`).
 
         ``workload`` is the current workload with rows appended (arrivals not earlier than the
-        last one), a new object or the engine's own grown in place; the new requests get the next ids. Per-request arrays grow by doubling, so a
-        request costs O(1) amortised. While ``more_from`` is a time (not ``None``), more requests
+        last one), a new object or the engine's own grown in place; the new requests get the next
+        ids. Per-request buffers grow by doubling, so a request costs O(1) amortised; the engine
+        becomes a :class:`_GrowingEngine`, whose public per-request arrays are views of the
+        buffers cut when next read. While ``more_from`` is a time (not ``None``), more requests
         may still come, none arriving before it: :meth:`poll` then pauses (returns False without
         finishing) when there is nothing to do, and ``next_arrival_s`` is at most ``more_from``.
         An engine given its whole workload this way runs exactly as one constructed with it.
@@ -459,30 +470,35 @@ class Engine:
             self._arrival.extend(workload.arrival_s[old:].tolist())
         p, o = workload.prompt_tokens, workload.output_tokens
         self._prompt, self._output = p, o
-        if n + 1 > self._cap:
-            self._regrow(max(n + 1, 2 * self._cap, 64))
-        bufs = self._bufs
-        for name, _ in self._GROWN:  # views of buffers whose new rows hold their initial values
-            setattr(self, name, bufs[name][:n])
-        cum = self._prompt_cum = bufs["_prompt_cum"][:n + 1]
+        regrown = n + 1 > self._cap
+        if regrown:
+            if old == 0:  # the first requests: arrays of their length, as if constructed with them
+                self._init_requests(workload)
+            else:
+                self._regrow(max(n + 1, 2 * self._cap, 64))
+        self._cut.clear()  # the public views are short now: cut again when next read
+        cum = self._prompt_cum
         bs, cap = self.config.block_size, self.kv.capacity_blocks
         if n - old == 1:  # one request, the usual case at run time: scalars
             pi, oi = int(p[old]), int(o[old])
-            self.prefill_target[old] = pi
+            self._prefill_target[old] = pi
             cum[n] = cum[old] + pi
             if -(-(pi + oi) // bs) > cap:
                 self._oversize = self._oversize | {old}
             self._max_len = (max(self._max_len[0], pi), max(self._max_len[1], oi))
         else:
             new_p, new_o = p[old:], o[old:]
-            self.prefill_target[old:] = new_p
-            cum[old + 1:] = cum[old] + np.cumsum(new_p)
+            self._prefill_target[old:n] = new_p
+            cum[old + 1:n + 1] = cum[old] + np.cumsum(new_p)
             big = np.flatnonzero(-(-(new_p + new_o) // bs) > cap)
             if len(big):
                 self._oversize = self._oversize | frozenset((big + old).tolist())
             self._max_len = (max(self._max_len[0], int(new_p.max())), max(self._max_len[1], int(new_o.max())))
         self.kv.extend(workload)
-        self.ledger = Ledger.of(self)  # it holds the per-request arrays
+        if regrown:
+            self.ledger = Ledger.of(self)  # it holds the buffers
+        else:
+            self.ledger.prompt = p
         if self.config.stall_iterations <= 0:
             self.stall_iterations = max(20_000, 4 * sum(self._max_len))
 
@@ -500,14 +516,14 @@ class Engine:
         rid = self.n - 1
         self.next_idx = rid + 1
         prompt = int(self._prompt[rid])
-        self.state[rid] = RUNNING
+        self._state[rid] = RUNNING
         self.running.append(rid)
         self._stamp[rid] = self._n_admitted
         self._n_admitted += 1
-        self.prefilled[rid] = prompt
-        self.generated[rid] = generated
-        self.kv_tokens[rid] = prompt + generated
-        self.first_scheduled_s[rid] = self.clock
+        self._prefilled[rid] = prompt
+        self._generated[rid] = generated
+        self._kv_tokens[rid] = prompt + generated
+        self._first_scheduled_s[rid] = self.clock
         self._ds = None
         return rid
 
@@ -521,11 +537,11 @@ class Engine:
         Its KV is freed here (its prefix-cache blocks stay cached), its state becomes ``MIGRATED``
         and the scheduler hears ``on_finish`` (the request is gone from its running set). Returns
         what :meth:`migrate_in` needs on the destination (its progress and records)."""
-        moved = tuple(getattr(self, name)[rid].item() for name in self._MOVED)
+        moved = tuple(getattr(self, "_" + name)[rid].item() for name in self._MOVED)
         self.running.remove(rid)
         self._free(rid)
-        self.kv_tokens[rid] = 0
-        self.state[rid] = MIGRATED
+        self._kv_tokens[rid] = 0
+        self._state[rid] = MIGRATED
         if self.kv.enabled:
             self.kv.forget(rid)
         if self._hook_finish:
@@ -544,8 +560,8 @@ class Engine:
 
     def _join_migrated(self, rid: int, moved: tuple) -> None:
         for name, value in zip(self._MOVED, moved, strict=True):
-            getattr(self, name)[rid] = value
-        self.state[rid] = RUNNING
+            getattr(self, "_" + name)[rid] = value
+        self._state[rid] = RUNNING
         self.running.append(rid)
         self._stamp[rid] = self._n_admitted
         self._n_admitted += 1
@@ -554,16 +570,20 @@ class Engine:
     def _regrow(self, cap: int) -> None:
         """Per-request buffers of ``cap`` rows (doubling, so a request costs O(1) amortised): the
         current rows, then each array's initial value (rows past ``n`` are never written, so a
-        request added later needs no fill)."""
-        bufs = self._bufs
-        for name, fill in self._GROWN:
+        request added later needs no fill). The first turns the engine into a
+        :class:`_GrowingEngine`."""
+        for name, public, fill in self._GROWN:
             a = getattr(self, name)
             buf = np.full(cap, 0 if fill is None else fill, dtype=a.dtype)
             buf[:len(a)] = a
-            bufs[name] = buf
+            setattr(self, name, buf)
+            if public is not None and type(self) is Engine:
+                setattr(self, public, None)  # the property of _GrowingEngine reads the buffer
+        if type(self) is Engine:
+            self.__class__ = _GrowingEngine
         buf = np.zeros(cap, dtype=self._prompt_cum.dtype)
         buf[:len(self._prompt_cum)] = self._prompt_cum
-        bufs["_prompt_cum"] = buf
+        self._prompt_cum = buf
         self._cap = cap
 
     def _noise_slice(self, it: int, k: int) -> np.ndarray:
@@ -610,7 +630,7 @@ class Engine:
         if j == i0:
             return
         if not self._hook_arrival and not self._oversize and not self._incoming:
-            self.state[i0:j] = WAITING
+            self._state[i0:j] = WAITING
             self.waiting.extend(range(i0, j))
             self.waiting_tokens += int(self._prompt_cum[j] - self._prompt_cum[i0])
             self.next_idx = j
@@ -621,11 +641,11 @@ class Engine:
             if i in self._incoming:
                 self._join_migrated(i, self._incoming.pop(i))
             elif i not in oversize and (not hook or sched.on_arrival(i, view)):
-                self.state[i] = WAITING
+                self._state[i] = WAITING
                 self.waiting.append(i)
                 self.waiting_tokens += int(self._prompt[i])
             else:
-                self.state[i] = REJECTED
+                self._state[i] = REJECTED
                 self.counters.n_rejected += 1
                 self.reject_reason[i] = self._oversize_reason(i) if i in oversize else sched.reject_reason(i)
 
@@ -683,7 +703,7 @@ class Engine:
                 dec = ds.ids
         if self.kv.enabled:
             self.kv.make_room(grow)
-        dec_ctx = ds.ctx if lockstep and len(dec) else (int(self.kv_tokens[dec].sum()) if len(dec) else 0)
+        dec_ctx = ds.ctx if lockstep and len(dec) else (int(self._kv_tokens[dec].sum()) if len(dec) else 0)
         t_start, duration, p_tokens, p_ctx = self._time(chunks, dec, dec_ctx, swap_s)
         finished = self._progress(chunks, dec, ds if lockstep else None, grow, t_start + duration)
         self._account(t_start, duration, p_tokens, p_ctx + dec_ctx, len(dec), n_preempted)
@@ -697,7 +717,7 @@ class Engine:
         if not preempt:
             return 0.0, 0
         for rid in preempt:
-            if self.state[rid] != RUNNING:
+            if self._state[rid] != RUNNING:
                 raise PlanError(f"preempt: request {rid} is not running")
         swap_s = 0.0
         for rid in preempt:
@@ -716,7 +736,7 @@ class Engine:
         """Step 2: the prefill set (waiting requests to admit, unfinished prefills to continue)."""
         prefill: list[tuple[int, int]] = []
         admitted: list[int] = []
-        state, prefilled, target, n = self.state, self.prefilled, self.prefill_target, self.n
+        state, prefilled, target, n = self._state, self._prefilled, self._prefill_target, self.n
         for rid, chunk in plan_prefill.items():
             st = state[rid] if 0 <= rid < n else -1
             if st == WAITING:
@@ -738,7 +758,7 @@ class Engine:
         return np.array([r for r in ds.members if r not in pause], dtype=np.int64)
 
     def _resume_swapped(self, prefill, dec, decode: bool):
-        pre, tgt = self.prefilled, self.prefill_target
+        pre, tgt = self._prefilled, self._prefill_target
         resumed = [r for r, _ in prefill if pre[r] >= tgt[r]]
         prefill = [(r, c) for r, c in prefill if pre[r] < tgt[r]]
         if decode and resumed:
@@ -766,11 +786,11 @@ class Engine:
         """Step 5: the batch time; the clock advances. Returns start, duration, prefill tokens
         and prefill context."""
         p_tokens = p_ctx = 0
-        pre = self.prefilled
+        pre = self._prefilled
         for rid, c, _ in chunks:
             p_tokens += c
             p_ctx += int(pre[rid]) + c
-        kvt = self.kv_tokens
+        kvt = self._kv_tokens
         if self._composition:
             comp_p = [(rid, c, int(pre[rid])) for rid, c, _ in chunks]
             comp_d = list(zip(dec.tolist(), kvt[dec].tolist(), strict=True))
@@ -792,7 +812,7 @@ class Engine:
 
     def _progress(self, chunks, dec: np.ndarray, ds: _DecodeSet | None, grow: int, t_end: float) -> list[int]:
         """Step 6: chunks and decodes progress; returns the requests that completed."""
-        kv, kvt, pre, gen, out = self.kv, self.kv_tokens, self.prefilled, self.generated, self._output
+        kv, kvt, pre, gen, out = self.kv, self._kv_tokens, self._prefilled, self._generated, self._output
         emits, counters = self.config.prefill_emits_token, self.counters
         kv.used_blocks += grow
         finished: list[int] = []
@@ -832,11 +852,11 @@ class Engine:
         """Every member of the decode set produced a token (KV already grown)."""
         ids = ds.ids
         if ds.fresh:
-            ft = self.first_token_s
+            ft = self._first_token_s
             for rid in ds.fresh:
                 if math.isnan(ft[rid]):
                     ft[rid] = t_end
-        self.generated[ids] += 1
+        self._generated[ids] += 1
         self.counters.total_decoded += len(ids)
         ds.advance(1)
         if self._hook_tokens:
@@ -861,8 +881,8 @@ class Engine:
         swapped-in request resumes decoding (then the decode set is rebuilt; a swap-in can cost
         0 s, so the seconds do not tell)."""
         kv, now, waiting, running = self.kv, self.clock, self.waiting, self.running
-        pre, tgt, kvt = self.prefilled, self.prefill_target, self.kv_tokens
-        state, stamps, first, swapped = self.state, self._stamp, self.first_scheduled_s, self.swapped
+        pre, tgt, kvt = self._prefilled, self._prefill_target, self._kv_tokens
+        state, stamps, first, swapped = self._state, self._stamp, self._first_scheduled_s, self._swapped
         swap_s, resumed = 0.0, False
         for rid in ids:
             waiting.remove(rid)
@@ -892,7 +912,7 @@ class Engine:
                 if hit:
                     pre[rid] = hit
                     kvt[rid] = hit
-                    self.cached_tokens[rid] += hit
+                    self._cached_tokens[rid] += hit
                     self._iter_cached += hit
                     if hit >= tgt[rid]:
                         self._ds = None
@@ -904,7 +924,7 @@ class Engine:
     def _free(self, rid: int) -> int:
         """Release ``rid``'s KV and, if it was decoding, take it out of the decode set; returns
         the KV tokens it held."""
-        kv, k, ds = self.kv, int(self.kv_tokens[rid]), self._ds
+        kv, k, ds = self.kv, int(self._kv_tokens[rid]), self._ds
         if ds is not None and rid in ds.members:
             ds.leave(rid, k)
         kv.used_blocks -= kv.blocks(k) - int(kv.shared[rid])  # its blocks, less shared ones
@@ -922,31 +942,31 @@ class Engine:
             run.pop()
         else:
             run.remove(rid)
-        pre, tgt = int(self.prefilled[rid]), int(self.prefill_target[rid])
+        pre, tgt = int(self._prefilled[rid]), int(self._prefill_target[rid])
         if pre < tgt:
             self.n_in_prefill -= 1
-        self.preemptions[rid] += 1
+        self._preemptions[rid] += 1
         c = self.counters
         c.n_preempt_events += 1
         swap_s = 0.0
         k = self._free(rid)
         if mode == "swap":
             swap_s = self._swap_seconds(k)
-            self.swapped[rid] = True
+            self._swapped[rid] = True
         else:
-            self.recomputed_tokens[rid] += k
+            self._recomputed_tokens[rid] += k
             c.recomputed_tokens_total += k
-            gen = int(self.generated[rid])
+            gen = int(self._generated[rid])
             if mode == "restart":
                 c.discarded_tokens += gen
-                self.generated[rid] = 0
+                self._generated[rid] = 0
                 gen = 0
             tgt = int(self._prompt[rid]) + gen
             pre = 0
-            self.prefill_target[rid] = tgt
-            self.prefilled[rid] = 0
-            self.kv_tokens[rid] = 0
-        self.state[rid] = WAITING
+            self._prefill_target[rid] = tgt
+            self._prefilled[rid] = 0
+            self._kv_tokens[rid] = 0
+        self._state[rid] = WAITING
         self.waiting_tokens += tgt - pre
         if requeue:
             self.waiting.push_front([rid])
@@ -984,26 +1004,26 @@ class Engine:
 
     def _emit_one(self, rid: int, t: float) -> None:
         """The final prefill chunk of ``rid`` produced its first output token."""
-        if self.generated[rid] == 0 and math.isnan(self.first_token_s[rid]):
-            self.first_token_s[rid] = t
-        self.generated[rid] += 1
+        if self._generated[rid] == 0 and math.isnan(self._first_token_s[rid]):
+            self._first_token_s[rid] = t
+        self._generated[rid] += 1
         self.counters.total_decoded += 1
         if self._hook_tokens:
             self.scheduler.on_tokens(np.array([rid]), 1, self.view)
 
     def _emit(self, ids: np.ndarray, t: float) -> None:
-        gen = self.generated
+        gen = self._generated
         first = ids[gen[ids] == 0]
         if len(first):
-            ft = self.first_token_s[first]
-            self.first_token_s[first] = np.where(np.isnan(ft), t, ft)
+            ft = self._first_token_s[first]
+            self._first_token_s[first] = np.where(np.isnan(ft), t, ft)
         gen[ids] += 1
         self.counters.total_decoded += len(ids)
         if self._hook_tokens:
             self.scheduler.on_tokens(ids, 1, self.view)
 
     def _complete(self, ids: list[int], t: float) -> None:
-        state, completion, kvt = self.state, self.completion_s, self.kv_tokens
+        state, completion, kvt = self._state, self._completion_s, self._kv_tokens
         for rid in ids:
             state[rid] = DONE
             completion[rid] = t
@@ -1295,16 +1315,16 @@ class Engine:
         """The decode set produced ``k`` tokens each, the first at ``t_first``; the clock is ``t_end``."""
         c, dec, b = self.counters, ds.ids, len(ds.members)
         if ds.fresh:
-            ft = self.first_token_s
+            ft = self._first_token_s
             for rid in ds.fresh:
                 if math.isnan(ft[rid]):
                     ft[rid] = t_first
-        self.generated[dec] += k
-        self.kv_tokens[dec] += k
+        self._generated[dec] += k
+        self._kv_tokens[dec] += k
         c.total_decoded += b * k
         self.clock = t_end
         if self.log_batches:
-            k0 = (self.kv_tokens[dec] - k).tolist()
+            k0 = (self._kv_tokens[dec] - k).tolist()
             ids = dec.tolist()
             for s in range(k):
                 self.batches.append({"prefill": [], "decode": [[r, x + s] for r, x in zip(ids, k0, strict=True)]})
@@ -1335,6 +1355,33 @@ class Engine:
             "running": len(self.running), "kv_used": self.kv.used_tokens, "kv_capacity": self.kv.capacity_tokens,
         }
 
+
+class _GrowingEngine(Engine):
+    """An engine that was given requests at run time (:meth:`Engine.extend`): its per-request
+    arrays are buffers with rows to spare, and each public array (``state``, ``prefilled``, ...,
+    ``cached_tokens``) is a view of its buffer's first ``n`` rows, cut when first read after
+    requests were added. The engine itself reads and writes the buffers by request id, so a
+    request routed to it re-slices only the arrays read since the previous one (a cluster adds
+    them one or a few at a time). :meth:`Engine._regrow` turns an engine into this class."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_cut"] = {}  # a pickled view would not share its buffer's memory any more
+        return d
+
+
+def _view_property(public: str, buf: str) -> property:
+    def get(self: Engine) -> np.ndarray:
+        v = self._cut.get(public)
+        if v is None:
+            v = self._cut[public] = getattr(self, buf)[:self.n]
+        return v
+    return property(get, doc=f"Per request: a view of the first ``n`` rows of ``{buf}``.")
+
+
+for _buf, _public, _ in Engine._GROWN:
+    if _public is not None:
+        setattr(_GrowingEngine, _public, _view_property(_public, _buf))
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

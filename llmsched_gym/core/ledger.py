@@ -61,8 +61,9 @@ class Ledger:
     :param preempt_mode: what a preemption does to a request's progress (``recompute``,
         ``restart`` or ``swap``; see :class:`~llmsched_gym.core.engine.EngineConfig`).
 
-    The arrays are the engine's own (read, never written): the ledger always sees the current
-    state. Build it with :meth:`of` from an engine.
+    The arrays are the engine's own (read, never written), indexed by request id: the ledger always
+    sees the current state. An engine given requests at run time passes its buffers, which may have
+    rows past its last request. Build it with :meth:`of` from an engine.
     """
 
     __slots__ = ("kv", "bs", "emit", "state", "prefilled", "target", "kvt", "gen", "swapped", "prompt",
@@ -81,8 +82,8 @@ class Ledger:
     @classmethod
     def of(cls, engine) -> Ledger:
         """The ledger of ``engine`` (an :class:`~llmsched_gym.core.engine.Engine`)."""
-        return cls(engine.kv, engine.config.prefill_emits_token, engine.state, engine.prefilled,
-                   engine.prefill_target, engine.kv_tokens, engine.generated, engine.swapped,
+        return cls(engine.kv, engine.config.prefill_emits_token, engine._state, engine._prefilled,
+                   engine._prefill_target, engine._kv_tokens, engine._generated, engine._swapped,
                    engine.workload.prompt_tokens, engine.config.preempt_mode)
 
     # ---- the rule, per request ------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""Requests given to an engine at run time (``Engine.extend``, the cluster's replicas): the engine
+reads and writes its per-request buffers by id, and its public arrays (``state``, ``prefilled``,
+..., ``cached_tokens``) and a replica's workload arrays are views of the buffers' first ``n``
+rows, cut again when read after requests were added. Constructed instances: the views' lengths
+and shared memory, the ledger's prompt of a new request, a copied engine, a replica's workload
+against the global rows."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from llmsched_gym.core.cluster import _Rows
+from llmsched_gym.core.engine import Engine, EngineConfig
+from llmsched_gym.core.latency import make_latency
+from llmsched_gym.core.request import Workload
+from llmsched_gym.sim import make_policy
+
+PUBLIC = ("state", "prefilled", "prefill_target", "generated", "kv_tokens", "swapped", "first_scheduled_s",
+          "first_token_s", "completion_s", "preemptions", "recomputed_tokens", "cached_tokens")
+
+
+def _workload(n: int) -> Workload:
+    return Workload(arrival_s=np.arange(n) * 0.5, prompt_tokens=np.arange(n) * 7 + 20,
+                    output_tokens=np.arange(n) % 5 + 3, client=np.arange(n) % 2, client_weight=np.ones(2))
+
+
+def _engine(wl: Workload) -> Engine:
+    cfg = EngineConfig(kv_capacity_tokens=4_000, block_size=16, overflow="preempt_lifo_recompute")
+    return Engine(wl, cfg, make_latency("linear:d0=0.0625,d1=0"), make_policy("fcfs"), seed=0)
+
+
+def _grown(n: int) -> tuple[Engine, _Rows, Workload]:
+    """An engine given the first ``n`` of 10 requests one at a time through a replica's rows."""
+    wl = _workload(10)
+    rows = _Rows(wl)
+    e = _engine(rows.workload)
+    for g in range(n):
+        e.extend(rows.add([g]))
+    return e, rows, wl
+
+
+def test_public_arrays_have_n_rows_and_share_the_buffers() -> None:
+    e, rows, _ = _grown(3)
+    assert [len(getattr(e, name)) for name in PUBLIC] == [3] * len(PUBLIC)
+    assert e.prefill_target.tolist() == [20, 27, 34]
+    state = e.state
+    e.extend(rows.add([3]))
+    assert len(e.state) == 4 and len(state) == 3  # a view read before stays as it was
+    assert e.prefill_target.tolist() == [20, 27, 34, 41]  # the new row holds its initial value
+    assert np.isnan(e.first_token_s).all() and not e.swapped.any()
+    e.prefilled[3] = 5  # a write through the view is the engine's own
+    assert e._prefilled[3] == 5
+    assert len(e._prefilled) >= 64  # the buffer has rows to spare
+
+
+def test_the_ledger_sees_a_request_added_without_regrowing() -> None:
+    e, rows, _ = _grown(2)
+    ledger = e.ledger
+    e.extend(rows.add([2]))
+    assert e.ledger is ledger  # the same buffers: no new ledger
+    # a cold admission of request 2 (prompt 34, no hit) needs 3 blocks of 16, its first token included
+    assert ledger.prompt[2] == 34 and ledger.admission(2, 0) == 3
+
+
+def test_an_engine_given_its_requests_one_by_one_runs_as_one_given_them_at_once() -> None:
+    wl = _workload(10)
+    plain = _engine(wl)
+    plain.run()
+    e, _, _ = _grown(10)
+    rows = _Rows(wl)
+    once = _engine(rows.workload)
+    once.extend(rows.add(list(range(10))))  # a one-replica cluster's engine: its arrays are plain ones
+    assert type(once) is Engine and once.state is once._state and len(once._state) == 10
+    for x in (e, once):
+        x.run()
+        for name in PUBLIC:
+            np.testing.assert_array_equal(getattr(x, name), getattr(plain, name), err_msg=name)
+
+
+def test_a_copied_grown_engine_runs_on_its_own_copy() -> None:
+    e, rows, _ = _grown(6)
+    e.state  # noqa: B018 -- a view cut before the copy must not be copied as a separate array
+    twin = copy.deepcopy(e)
+    twin.run()
+    assert (twin.state == 3).all() and len(twin.completion_s) == 6
+    assert (e.state == 0).all()  # the original did not move
+    e.run()
+    np.testing.assert_array_equal(e.completion_s, twin.completion_s)
+
+
+def test_a_replica_workload_is_the_global_rows_it_was_given() -> None:
+    wl = _workload(10)
+    rows = _Rows(wl)
+    w = rows.add([1, 4])
+    assert len(w) == 2 and w.prompt_tokens.tolist() == [27, 48]
+    prompt = w.prompt_tokens
+    rows.add([7])
+    assert len(prompt) == 2  # cut before the add
+    for f in ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class", "type_id",
+              "ttft_slo_s", "tpot_slo_s"):
+        np.testing.assert_array_equal(getattr(w, f), getattr(wl, f)[[1, 4, 7]], err_msg=f)
+    rows.add([g % 10 for g in range(100)])  # past the 64 rows of the first buffers
+    assert len(w) == 103 and w.output_tokens[3:].tolist() == wl.output_tokens[np.arange(100) % 10].tolist()
