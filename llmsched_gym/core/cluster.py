@@ -335,6 +335,9 @@ class _ReplicaWorkload(Workload):
     of a :class:`_Rows` buffer, cut when first read after rows were added, so a routed request
     re-slices only the fields read since the previous one."""
 
+    def __len__(self) -> int:
+        return self._rows.n
+
 
 def _cut_property(name: str) -> property:
     def get(w: _ReplicaWorkload) -> np.ndarray:
@@ -393,7 +396,10 @@ class _Rows:
             self.bufs["arrival_s"][n0:n] = arrivals
         if self.prefix is not None:
             p = self.wl.prefix
-            self.prefix.extend(p[g] for g in gids)
+            if k == 1:
+                self.prefix.append(p[gids[0]])
+            else:
+                self.prefix.extend(p[g] for g in gids)
         self.n = n
         self.cut.clear()  # the views are short now: cut again when next read
         return self.workload
