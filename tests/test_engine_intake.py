@@ -101,5 +101,7 @@ def test_a_replica_workload_is_the_global_rows_it_was_given() -> None:
     for f in ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class", "type_id",
               "ttft_slo_s", "tpot_slo_s"):
         np.testing.assert_array_equal(getattr(w, f), getattr(wl, f)[[1, 4, 7]], err_msg=f)
+    later = w.with_(arrival_s=w.arrival_s + 1.0)  # a plain copy, as Workload.with_ gives
+    assert type(later) is Workload and later.arrival_s.tolist() == [1.5, 3.0, 4.5] and len(later) == 3
     rows.add([g % 10 for g in range(100)])  # past the 64 rows of the first buffers
     assert len(w) == 103 and w.output_tokens[3:].tolist() == wl.output_tokens[np.arange(100) % 10].tolist()

@@ -48,7 +48,7 @@ import bisect
 import gc
 import math
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -337,6 +337,12 @@ class _ReplicaWorkload(Workload):
 
     def __len__(self) -> int:
         return self._rows.n
+
+    def with_(self, **changes: Any) -> Workload:
+        """A plain :class:`Workload` of these rows with ``changes`` (its fields cannot be set)."""
+        kw = {f.name: getattr(self, f.name) for f in fields(Workload)}
+        kw.update(changes)
+        return Workload(**kw)
 
 
 def _cut_property(name: str) -> property:
