@@ -105,3 +105,15 @@ def test_a_replica_workload_is_the_global_rows_it_was_given() -> None:
     assert type(later) is Workload and later.arrival_s.tolist() == [1.5, 3.0, 4.5] and len(later) == 3
     rows.add([g % 10 for g in range(100)])  # past the 64 rows of the first buffers
     assert len(w) == 103 and w.output_tokens[3:].tolist() == wl.output_tokens[np.arange(100) % 10].tolist()
+
+
+def test_a_disaggregated_replica_row_replaces_the_given_fields() -> None:
+    from llmsched_gym.core.disagg import _Rows as _DisaggRows
+
+    wl = _workload(10)
+    rows = _DisaggRows(wl)
+    w = rows.add_one(2, output_tokens=1, predicted_output=1)  # a prefill row: one output token
+    assert rows.add_one(5, arrival_s=9.25) is w  # a decode row arrives at its transfer's end; grown in place
+    assert w.output_tokens.tolist() == [1, 3] and w.predicted_output.tolist() == [1, 3]
+    assert w.arrival_s.tolist() == [1.0, 9.25] and w.prompt_tokens.tolist() == [34, 55]
+    assert rows.gids[:rows.n].tolist() == [2, 5]

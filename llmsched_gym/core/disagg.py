@@ -60,6 +60,7 @@ import numpy as np
 
 from llmsched_gym.config import ConfigError
 from llmsched_gym.core.cluster import REPLICA_KEYS, ClusterView, Replica, merge_totals, prefix_hasher
+from llmsched_gym.core.cluster import _Rows as _ClusterRows  # a replica's rows, grown in place
 from llmsched_gym.core.engine import DONE, REJECTED, RUNNING, Engine
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.metrics import summarize
@@ -147,36 +148,17 @@ class PairRouter:
 
 
 # ---- rows a replica serves ---------------------------------------------------------------------
-_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class", "type_id",
-           "ttft_slo_s", "tpot_slo_s")
+class _Rows(_ClusterRows):
+    """A replica's requests as a :class:`Workload` grown in place (rows copied from the global
+    one, with some fields replaced: a prefill row has one output token; a decode row arrives at
+    the transfer's end)."""
 
-
-class _Rows:
-    """A replica's requests as a growing :class:`Workload` (rows copied from the global one,
-    with some fields replaced: a prefill row has one output token; a decode row arrives at the
-    transfer's end)."""
-
-    def __init__(self, wl: Workload) -> None:
-        self.wl, self.n = wl, 0
-        self.gids = np.zeros(64, dtype=np.int64)
-        self.bufs = {f: np.zeros(64, dtype=getattr(wl, f).dtype) for f in _FIELDS}
-        self.prefix: list | None = [] if wl.prefix is not None else None
-
-    def add(self, g: int, **over: Any) -> Workload:
-        n = self.n
-        if n == len(self.gids):
-            self.gids = np.concatenate([self.gids, np.zeros(n, dtype=np.int64)])
-            self.bufs = {f: np.concatenate([b, np.zeros(n, dtype=b.dtype)]) for f, b in self.bufs.items()}
-        self.gids[n] = g
-        for f, b in self.bufs.items():
-            b[n] = over.get(f, getattr(self.wl, f)[g])
-        if self.prefix is not None:
-            self.prefix.append(self.wl.prefix[g])
-        self.n = n + 1
-        wl = object.__new__(Workload)
-        for f in _FIELDS:
-            setattr(wl, f, self.bufs[f][:self.n])
-        wl.prefix, wl.client_weight, wl.meta = self.prefix, self.wl.client_weight, self.wl.meta
+    def add_one(self, g: int, **over: Any) -> Workload:
+        """Append global request ``g`` with the fields ``over`` replaced; returns the workload."""
+        arrival = over.pop("arrival_s", None)
+        wl = self.add([g], None if arrival is None else [arrival])
+        for f, v in over.items():
+            self.bufs[f][self.n - 1] = v
         return wl
 
 
@@ -245,15 +227,11 @@ class DisaggCluster:
         self.link = TransferModel(spec)
         self.models = list(transfer_models) if transfer_models is not None else [transfer_model_of(x) for x in replicas]
         self._rows = [_Rows(workload) for _ in replicas]
-        blank = object.__new__(Workload)
-        for f in _FIELDS:
-            setattr(blank, f, getattr(workload, f)[:0])
-        blank.prefix = [] if workload.prefix is not None else None
-        blank.client_weight, blank.meta = workload.client_weight, workload.meta
         # replica r seeded as a Cluster seeds it (replica 0 as the plain engine)
         seeds = [seed if i == 0 else int(np.random.SeedSequence([seed, i]).generate_state(1)[0])
                  for i in range(len(replicas))]
-        self.engines = [Engine(blank, x.config, x.latency, x.scheduler, seed=seeds[i]) for i, x in enumerate(replicas)]
+        self.engines = [Engine(self._rows[i].workload, x.config, x.latency, x.scheduler, seed=seeds[i])
+                        for i, x in enumerate(replicas)]
         self._hashers: dict[int, KVCache] = {}
         self.pview = ClusterView(_PoolCluster(self, self.prefill_idx))
         self.dview = ClusterView(_PoolCluster(self, self.decode_idx))
@@ -451,7 +429,7 @@ class DisaggCluster:
         self._bound[d] -= 1
         if ed.done:  # stopped (horizon): the request stays unfinished
             return
-        loc = ed.receive(self._rows[d].add(g, arrival_s=t), generated=1)
+        loc = ed.receive(self._rows[d].add_one(g, arrival_s=t), generated=1)
         self._local_d[g] = loc
         self._poll(d, t)
         if self._waitq[d]:
@@ -476,12 +454,12 @@ class DisaggCluster:
         split = p != d
         self.disaggregated[g] = split
         if split:
-            loc = self._rows[p].add(g, output_tokens=1, predicted_output=1)
+            loc = self._rows[p].add_one(g, output_tokens=1, predicted_output=1)
             self.engines[p].extend(loc)
             self._open[p].append(self.engines[p].n - 1)
             self._bound[d] += 1
         else:
-            self.engines[p].extend(self._rows[p].add(g))
+            self.engines[p].extend(self._rows[p].add_one(g))
         self._local_p[g] = self.engines[p].n - 1
         for view, idx in ((self.pview, self.prefill_idx), (self.dview, self.decode_idx)):
             view.routed[:] = [self._rows[r].n for r in idx]
