@@ -36,8 +36,10 @@ class LOR(Router):
     name = "lor"
 
     def route(self, rid: int, view: ClusterView) -> int:
-        out = view.outstanding
-        return int(np.argmin(view.waiting * (int(out[out.argmax()]) + 1) + out))  # out.max(), cheaper
+        # one key per replica ordered as (waiting, outstanding): exact while outstanding < 2**32
+        key = view.waiting << 32
+        key += view.outstanding
+        return int(key.argmin())
 
 
 class JSQ(Router):

@@ -132,6 +132,25 @@ def test_llm_d_precise_reads_the_replicas_caches() -> None:
     assert p2l == xl and p3l == yl
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 70), data=st.data())
+def test_lor_takes_the_fewest_queued_then_the_fewest_outstanding(n: int, data) -> None:
+    """LOR's pick is the first replica of least (waiting, outstanding), the documented order: the
+    same index as ``argmin(waiting * (max outstanding + 1) + outstanding)`` and as Python's ``min``
+    over the pairs, on loads with many ties and large loads."""
+    hi = data.draw(st.sampled_from([2, 5, 2**20]))
+    waiting = np.array(data.draw(st.lists(st.integers(0, hi), min_size=n, max_size=n)), dtype=np.int64)
+    running = np.array(data.draw(st.lists(st.integers(0, hi), min_size=n, max_size=n)), dtype=np.int64)
+    wl = _wl([0.0], [100], [10])
+    c = _cluster(wl, n, "lor")
+    c.view.waiting[:] = waiting
+    c.view.outstanding[:] = waiting + running
+    pairs = list(zip(waiting.tolist(), (waiting + running).tolist(), strict=True))
+    want = min(range(n), key=pairs.__getitem__)
+    out = waiting + running
+    assert c.router.route(0, c.view) == want == int(np.argmin(waiting * (int(out.max()) + 1) + out))
+
+
 def test_can_take_all_is_can_take_on_every_replica() -> None:
     """Capacities 4,000 / 4,010 / 8,000 tokens in blocks of 16: whole blocks hold 4,000 / 4,000 /
     8,000, so a request of prompt + output = 4,000 fits all three, 4,001 only the third."""
