@@ -256,7 +256,7 @@ def _state(kv: KVCache, n: int) -> tuple:
     """Everything a caller can observe of a cache (its idle order in full, every request's match)."""
     return (kv.used_blocks, kv.idle_blocks, kv.evicted_blocks, kv.hit_tokens, sorted(kv.cached_hashes()),
             kv.next_evictions(10**6), kv.shared.tolist(), [kv.match_blocks(r) for r in range(n)],
-            [kv.match_detail(r) for r in range(n)], [kv.references(h) for h in kv.cached_hashes()],
+            [kv.match_detail(r) for r in range(n)], [kv.references(h) for h in sorted(kv.cached_hashes())],
             [kv.match_hashes(kv.block_hashes(r)) for r in range(n)],
             [kv.chain_references(kv.block_hashes(r)) for r in range(n)])
 
