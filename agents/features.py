@@ -179,9 +179,10 @@ class _RowMax(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         hp, rows, mx = ctx.saved_tensors
-        hit = (hp == mx.index_select(0, rows)) & (hp > 0)
-        if int(hit.sum()) == int((mx > 0).sum()):  # one row per positive maximum (no tie)
-            return torch.where(hit, grad.index_select(0, rows), 0.0), None, None
+        positive = mx > 0
+        hit = hp == mx.masked_fill(~positive, -1.0).index_select(0, rows)  # a row holding a positive maximum
+        if int(hit.sum()) == int(positive.sum()):  # one row per positive maximum (no tie)
+            return grad.index_select(0, rows).masked_fill_(hit.logical_not_(), 0.0), None, None
         m = hp.shape[0]  # a tie (equal embeddings in one sample): the first of the tied rows
         at = torch.where(hit, torch.arange(m, device=hp.device).unsqueeze(1), m)
         first = torch.full(mx.shape, m, dtype=at.dtype, device=hp.device)
