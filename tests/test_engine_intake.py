@@ -117,3 +117,6 @@ def test_a_disaggregated_replica_row_replaces_the_given_fields() -> None:
     assert w.output_tokens.tolist() == [1, 3] and w.predicted_output.tolist() == [1, 3]
     assert w.arrival_s.tolist() == [1.0, 9.25] and w.prompt_tokens.tolist() == [34, 55]
     assert rows.gids[:rows.n].tolist() == [2, 5]
+    rows.add_one(6, ttft_slo_s=2.5)  # a field copied only when read: the change survives the copy
+    rows.add_one(8)
+    assert w.ttft_slo_s.tolist() == [np.inf, np.inf, 2.5, np.inf] and w.client.tolist() == [0, 1, 0, 0]

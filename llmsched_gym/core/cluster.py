@@ -327,6 +327,9 @@ class _BlockHolders:
 
 _ROW_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class",
                "type_id", "ttft_slo_s", "tpot_slo_s")
+# copied when a row is added (the engine reads them at once; disaggregation replaces some); the
+# others are copied when first read (many runs never read them)
+_COPIED = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output")
 
 
 class _ReplicaWorkload(Workload):
@@ -350,6 +353,8 @@ def _cut_property(name: str) -> property:
         rows = w._rows
         v = rows.cut.get(name)
         if v is None:
+            if name in rows.filled:
+                rows.fill(name)
             v = rows.cut[name] = rows.bufs[name][:rows.n]
         return v
     return property(get, doc=f"``{name}`` of the replica's requests.")
@@ -370,7 +375,8 @@ class _Rows:
         self.bufs = {f: np.zeros(64, dtype=getattr(wl, f).dtype) for f in _ROW_FIELDS}
         self.prefix: list | None = [] if wl.prefix is not None else None
         self.wl = wl
-        self._pairs = [(self.bufs[f], getattr(wl, f)) for f in _ROW_FIELDS]
+        self._pairs = [(self.bufs[f], getattr(wl, f)) for f in _COPIED]
+        self.filled = {f: 0 for f in _ROW_FIELDS if f not in _COPIED}  # rows copied so far
         self.cut: dict[str, np.ndarray] = {}  # the workload's views cut since rows were last added
         w = self.workload = object.__new__(_ReplicaWorkload)
         w._rows = self
@@ -387,7 +393,7 @@ class _Rows:
             cap = max(n, 2 * len(self.gids))
             self.gids = _resized(self.gids, cap)
             self.bufs = {f: _resized(b, cap) for f, b in self.bufs.items()}
-            self._pairs = [(self.bufs[f], getattr(self.wl, f)) for f in _ROW_FIELDS]
+            self._pairs = [(self.bufs[f], getattr(self.wl, f)) for f in _COPIED]
         if k == 1:  # one request, the usual case: scalars
             g = gids[0]
             self.gids[n0] = g
@@ -409,6 +415,13 @@ class _Rows:
         self.n = n
         self.cut.clear()  # the views are short now: cut again when next read
         return self.workload
+
+    def fill(self, name: str) -> None:
+        """Copy field ``name``'s rows added since it was last filled (a field not in ``_COPIED``)."""
+        k, n = self.filled[name], self.n
+        if k < n:
+            self.bufs[name][k:n] = getattr(self.wl, name)[self.gids[k:n]]
+            self.filled[name] = n
 
 
 def _resized(a: np.ndarray, cap: int) -> np.ndarray:

@@ -158,6 +158,8 @@ class _Rows(_ClusterRows):
         arrival = over.pop("arrival_s", None)
         wl = self.add([g], None if arrival is None else [arrival])
         for f, v in over.items():
+            if f in self.filled:
+                self.fill(f)  # the row's copy first, so that a later fill does not undo the change
             self.bufs[f][self.n - 1] = v
         return wl
 
