@@ -24,7 +24,9 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
   (``--rate-per-replica``, default 8/s; 150 groups of 1,000-token system prompts, 200-token
   questions and outputs; vLLM v1 replicas of the ``mooncake-conv`` scenario), wall time and the
   peak memory (RSS) of the process. ``--per-replica P`` gives every replica the same workload
-  (N x P requests), so the cost per request at N replicas compares with one replica's. The scale
+  (N x P requests), so the cost per request at N replicas compares with one replica's. Each size
+  first runs untimed with 20 requests per replica (the process's one-time costs, about 5 ms, would
+  otherwise fall on the first size: 19 us a request at 1 x 300). The scale
   run (64 replicas, 1M requests, one core):
 
       nice -n 10 python tools/cluster_bench.py speed --replicas 64 --requests 1000000 --router lor
@@ -129,15 +131,20 @@ def llumnix(args) -> None:
 
 
 def speed(args) -> None:
-    for n in args.replicas:
-        total = args.per_replica * n if args.per_replica else args.requests
+    def cluster(n: int, total: int):
         wl = prefix_groups(total, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
+        return wl, lambda: make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
+                                        refresh_s=args.refresh_s)[0]
+
+    for n in args.replicas:  # untimed warm-up: the process's one-time costs (imports on first use, the
+        cluster(n, 20 * n)[1]().run()  # scenario's files, caches) would otherwise load the first size alone
+    for n in args.replicas:
+        wl, build = cluster(n, args.per_replica * n if args.per_replica else args.requests)
         w0, c0 = time.perf_counter(), time.process_time()
-        cluster, _ = make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
-                                  refresh_s=args.refresh_s)
-        cluster.run()
+        c = build()
+        c.run()
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-        s = cluster.summary("speed", "vllm-v1", wall)
+        s = c.summary("speed", "vllm-v1", wall)
         _row("speed", SimpleNamespace(summary=s), replicas=n, router=args.router, refresh_s=args.refresh_s,
              cpu_s=round(cpu, 1), cpu_us_per_request=round(1e6 * cpu / len(wl), 1),
              requests_per_cpu_s=round(len(wl) / cpu), requests_per_wall_s=round(len(wl) / wall),
