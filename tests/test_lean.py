@@ -265,6 +265,22 @@ def _table_features(ext, obs):
     return torch.cat(parts, dim=1)
 
 
+def _rows_compute_as_in_the_table(ext) -> bool:
+    """Whether this machine's BLAS gives the slot-score layer's product of some rows the same bits
+    alone as inside the whole table (forward and input gradient): the rows path's bit-identity
+    rests on it (true of MKL on the CPUs we measured; another BLAS or vector width may block the
+    rows differently)."""
+    if ext.slot_score is None:
+        return True
+    g = torch.Generator().manual_seed(11)
+    table = torch.randn(64 * ext.n_slots, ext.slot_dim, generator=g)
+    grad = torch.randn(64 * ext.n_slots, ext.slot_score.out_features, generator=g)
+    keep = torch.rand(64 * ext.n_slots, generator=g) < 0.3
+    w, b = ext.slot_score.weight.detach(), ext.slot_score.bias.detach()
+    same_fwd = torch.equal(torch.nn.functional.linear(table, w, b)[keep], torch.nn.functional.linear(table[keep], w, b))
+    return same_fwd and torch.equal((grad @ w)[keep], grad[keep] @ w)
+
+
 def _bits(t):
     return t.contiguous().view(torch.int32)  # equal bits: also the sign of every zero
 
@@ -307,8 +323,13 @@ def test_set_encoder_rows_path_equals_the_table_bit_for_bit(case):
         out.backward(w)
         got.append((out.detach(), [p.grad.clone() for p in ext.parameters()]))
     (rows, g_rows), (table, g_table) = got
-    assert torch.equal(_bits(rows), _bits(table))
-    assert all(torch.equal(_bits(x), _bits(y)) for x, y in zip(g_rows, g_table, strict=True))
+    if _rows_compute_as_in_the_table(ext):
+        assert torch.equal(_bits(rows), _bits(table))
+        assert all(torch.equal(_bits(x), _bits(y)) for x, y in zip(g_rows, g_table, strict=True))
+    else:  # another BLAS blocks a row's product differently alone: equal to the last bits only
+        torch.testing.assert_close(rows, table, rtol=1e-5, atol=1e-6)
+        for x, y in zip(g_rows, g_table, strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
     with torch.no_grad():  # the rollouts' path (the table, amax)
         assert torch.equal(_bits(ext(obs)), _bits(table))
     if case == "ties":
