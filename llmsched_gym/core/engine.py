@@ -383,22 +383,11 @@ class Engine:
         self._prompt = wl.prompt_tokens
         self._output = wl.output_tokens
         self._prompt_cum = np.concatenate(([0], np.cumsum(wl.prompt_tokens)))
-        self._state = np.zeros(n, dtype=np.int8)
-        self._prefilled = np.zeros(n, dtype=np.int64)
-        self._prefill_target = wl.prompt_tokens.copy()
-        self._generated = np.zeros(n, dtype=np.int64)
-        self._kv_tokens = np.zeros(n, dtype=np.int64)
-        self._swapped = np.zeros(n, dtype=bool)
-        self._stamp = np.zeros(n, dtype=np.int64)
-        self._first_scheduled_s = np.full(n, np.nan)
-        self._first_token_s = np.full(n, np.nan)
-        self._completion_s = np.full(n, np.nan)
-        self._preemptions = np.zeros(n, dtype=np.int64)
-        self._recomputed_tokens = np.zeros(n, dtype=np.int64)
-        self._cached_tokens = np.zeros(n, dtype=np.int64)
-        for buf, name, _ in self._GROWN:
-            if name is not None:
-                setattr(self, name, getattr(self, buf))
+        for buf, public, fill, dtype in self._GROWN:
+            a = wl.prompt_tokens.copy() if fill is None else np.full(n, fill, dtype=dtype)
+            setattr(self, buf, a)
+            if public is not None:
+                setattr(self, public, a)
         self.reject_reason: dict[int, str] = {}
 
     def _oversize_requests(self) -> frozenset[int]:
@@ -424,15 +413,17 @@ class Engine:
         return math.inf if self.more_from is None else self.more_from
 
     # ---- run-time arrivals (the cluster level) ------------------------------------------------
-    # (buffer, public name, initial value): the engine's per-request arrays, read and written by
-    # request id through the buffers. The public names are the same arrays, or, once requests
-    # come at run time, views of the buffers' first ``n`` rows (see _GrowingEngine).
-    _GROWN = (("_state", "state", 0), ("_prefilled", "prefilled", 0), ("_prefill_target", "prefill_target", None),
-              ("_generated", "generated", 0), ("_kv_tokens", "kv_tokens", 0), ("_swapped", "swapped", False),
-              ("_stamp", None, 0), ("_first_scheduled_s", "first_scheduled_s", math.nan),
-              ("_first_token_s", "first_token_s", math.nan), ("_completion_s", "completion_s", math.nan),
-              ("_preemptions", "preemptions", 0), ("_recomputed_tokens", "recomputed_tokens", 0),
-              ("_cached_tokens", "cached_tokens", 0))
+    # (buffer, public name, initial value (None: the prompt's length), dtype): the engine's
+    # per-request arrays, read and written by request id through the buffers. The public names are
+    # the same arrays, or, once requests come at run time, views of the buffers' first ``n`` rows
+    # (see _GrowingEngine).
+    _GROWN = (("_state", "state", 0, np.int8), ("_prefilled", "prefilled", 0, np.int64),
+              ("_prefill_target", "prefill_target", None, np.int64), ("_generated", "generated", 0, np.int64),
+              ("_kv_tokens", "kv_tokens", 0, np.int64), ("_swapped", "swapped", False, bool),
+              ("_stamp", None, 0, np.int64), ("_first_scheduled_s", "first_scheduled_s", math.nan, np.float64),
+              ("_first_token_s", "first_token_s", math.nan, np.float64),
+              ("_completion_s", "completion_s", math.nan, np.float64), ("_preemptions", "preemptions", 0, np.int64),
+              ("_recomputed_tokens", "recomputed_tokens", 0, np.int64), ("_cached_tokens", "cached_tokens", 0, np.int64))
 
     def extend(self, workload: Workload) -> None:
         """Requests placed on this engine at run time (a cluster's router, :mod:`llmsched_gym.core.cluster`).
@@ -572,7 +563,7 @@ class Engine:
         current rows, then each array's initial value (rows past ``n`` are never written, so a
         request added later needs no fill). The first turns the engine into a
         :class:`_GrowingEngine`."""
-        for name, public, fill in self._GROWN:
+        for name, public, fill, _ in self._GROWN:
             a = getattr(self, name)
             buf = np.full(cap, 0 if fill is None else fill, dtype=a.dtype)
             buf[:len(a)] = a
@@ -1379,7 +1370,7 @@ def _view_property(public: str, buf: str) -> property:
     return property(get, doc=f"Per request: a view of the first ``n`` rows of ``{buf}``.")
 
 
-for _buf, _public, _ in Engine._GROWN:
+for _buf, _public, _, _ in Engine._GROWN:
     if _public is not None:
         setattr(_GrowingEngine, _public, _view_property(_public, _buf))
 
