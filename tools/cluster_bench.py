@@ -5,6 +5,7 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
     PYTHONPATH=$PWD python tools/cluster_bench.py sglang
     PYTHONPATH=$PWD python tools/cluster_bench.py vidur
     PYTHONPATH=$PWD python tools/cluster_bench.py speed [--replicas 1 64] [--requests 20000]
+    PYTHONPATH=$PWD python tools/cluster_bench.py floor --router lor [--replicas 1 2 8 16 64]
 
 * llmd: llm-d's prefix-heavy benchmark (llm-d blog, "KV-cache wins you can see", 2025): 8
   replicas, 150 groups of 6,000-token system prompts, a 1,200-token question and 250 output tokens
@@ -30,6 +31,12 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
   run (64 replicas, 1M requests, one core):
 
       nice -n 10 python tools/cluster_bench.py speed --replicas 64 --requests 1000000 --router lor
+
+* floor: where the cost per request of a cluster goes (``--router lor``, ``--per-replica``, default 300):
+  the cluster beside the same placement run as plain engines one after another (``sequential``)
+  and interleaved window by window (``interleaved``: each replica stepped to every routing point in
+  turn, as the cluster visits them, without routing, intake or deferred runs: the memory-access
+  pattern alone), rounds interleaved; all three runs are checked to take the same iterations.
 """
 
 from __future__ import annotations
@@ -152,9 +159,78 @@ def speed(args) -> None:
              peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
 
 
+def floor(args) -> None:
+    """Where a load-aware cluster's cost per request goes: the cluster run beside the same
+    placement (each replica's requests as the router placed them) run as plain engines, one after
+    another and interleaved window by window (every replica stepped to each ``refresh_s`` point in
+    turn, as the cluster visits them, with no routing, intake or deferred runs: the memory-access
+    pattern alone). Rounds interleave the three."""
+    for n in args.replicas:
+        _floor(args, n)
+
+
+def _floor(args, n: int) -> None:
+    import copy
+    import gc
+
+    from llmsched_gym.core.engine import Engine
+
+    wl = prefix_groups((args.per_replica or 300) * n, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
+
+    def cluster():
+        return make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
+                            refresh_s=args.refresh_s)[0]
+
+    c = cluster()
+    c.run()
+    placement = [np.flatnonzero(c.placement == r) for r in range(n)]
+
+    def engines() -> list[Engine]:
+        return [Engine(wl.take(ids), rep.config, rep.latency, copy.deepcopy(rep.scheduler), seed=args.seed)
+                for ids, rep in zip(placement, c.replicas, strict=True)]
+
+    def sequential(todo: list[Engine]) -> None:
+        for e in todo:
+            e.run()
+
+    def interleaved(todo: list[Engine]) -> None:
+        t = args.refresh_s
+        while todo:
+            for e in todo:
+                sched, view = e.scheduler, e.view
+                while e.clock < t and e.poll():
+                    e.execute(sched.schedule(view))
+            todo = [e for e in todo if not e.done]
+            t += args.refresh_s
+
+    def routed(_: list[Engine]) -> None:
+        c = cluster()
+        c.run()
+        iterations.add(sum(e.n_iterations for e in c.engines))
+
+    times: dict[str, list[float]] = {"cluster": [], "interleaved": [], "sequential": []}
+    iterations: set[int] = set()
+    for _ in range(args.rounds):
+        for name, fn in (("cluster", routed), ("interleaved", interleaved), ("sequential", sequential)):
+            todo = engines() if fn is not routed else []
+            thresholds = gc.get_threshold()
+            gc.set_threshold(max(thresholds[0], 1_000_000), *thresholds[1:])  # as Cluster.run does
+            c0 = time.process_time()
+            fn(todo)
+            times[name].append(1e6 * (time.process_time() - c0) / len(wl))
+            gc.set_threshold(*thresholds)
+            if todo:
+                iterations.add(sum(e.n_iterations for e in todo))
+    if len(iterations) != 1:  # a replica's run equals a plain engine given the same requests
+        raise SystemExit(f"floor: the runs differ (iterations {sorted(iterations)})")
+    print(json.dumps({"run": "floor", "replicas": n, "router": args.router, "per_replica": args.per_replica or 300,
+                      "iterations": iterations.pop(),
+                      **{f"{k}_us_per_request": [round(x, 1) for x in v] for k, v in times.items()}}), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("llmd", "sglang", "vidur", "llumnix", "speed"))
+    p.add_argument("what", choices=("llmd", "sglang", "vidur", "llumnix", "speed", "floor"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--qps", type=float, nargs="+", default=[5.0, 15.0, 30.0, 60.0])
     p.add_argument("--requests-per-level", type=int, default=2400)
@@ -168,9 +244,10 @@ def main() -> None:
                    help="KV capacity per replica (0: the scenario's 447,952); llmd/sglang only")
     p.add_argument("--refresh-s", type=float, default=0.1)
     p.add_argument("--figure", default="", help="llumnix: write the figure (PNG) here")
+    p.add_argument("--rounds", type=int, default=3, help="floor: interleaved rounds")
     args = p.parse_args()
     np.seterr(all="ignore")
-    {"llmd": llmd, "sglang": sglang, "vidur": vidur, "llumnix": llumnix, "speed": speed}[args.what](args)
+    {"llmd": llmd, "sglang": sglang, "vidur": vidur, "llumnix": llumnix, "speed": speed, "floor": floor}[args.what](args)
 
 
 if __name__ == "__main__":
