@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmsched_gym.core.cluster import _Rows
 from llmsched_gym.core.engine import Engine, EngineConfig
@@ -120,3 +122,62 @@ def test_a_disaggregated_replica_row_replaces_the_given_fields() -> None:
     rows.add_one(6, ttft_slo_s=2.5)  # a field copied only when read: the change survives the copy
     rows.add_one(8)
     assert w.ttft_slo_s.tolist() == [np.inf, np.inf, 2.5, np.inf] and w.client.tolist() == [0, 1, 0, 0]
+
+
+def _intake_state(e: Engine, rows: _Rows) -> dict:
+    """Everything the intake sets, as plain values (rows past ``n`` excluded)."""
+    n = e.n
+    return {"n": n, "arrival": list(e._arrival), "prompt": e._prompt[:n].tolist(), "output": e._output[:n].tolist(),
+            "ledger_prompt": e.ledger.prompt[:n].tolist(), "kv_prompt": e.kv._prompt[:n].tolist(),
+            "cum": e._prompt_cum[:n + 1].tolist(), "target": e._prefill_target[:n].tolist(),
+            "oversize": sorted(e._oversize), "max_len": e._max_len, "stall": e.stall_iterations,
+            "kv_shared": e.kv.shared[:n].tolist(), "kv_enabled": e.kv.enabled,
+            "gids": rows.gids[:rows.n].tolist(), "prefix": list(rows.prefix or []),
+            **{f: getattr(rows.workload, f).tolist() for f in ("arrival_s", "prompt_tokens", "output_tokens",
+                                                               "predicted_output", "client", "ttft_slo_s")}}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(1, 150), capacity=st.sampled_from([120, 4_000]))
+def test_one_row_at_a_time_equals_rows_in_batches(data: st.DataObject, n: int, capacity: int) -> None:
+    """``_Rows.append`` and the engine's one-request path (scalars, buffers read by id) leave the
+    same state as the many-row paths (index arrays, slices) given the same rows, with and without
+    arrivals replaced (migration), past the buffers' first doubling, with requests too large for
+    the KV (``capacity`` 120 tokens) and with prefix segments turning the prefix cache on late; and
+    both engines then run alike."""
+    arrival = np.sort(np.asarray(data.draw(st.lists(st.integers(0, 400), min_size=n, max_size=n)))) * 0.25
+    prompt = np.asarray(data.draw(st.lists(st.integers(1, 150), min_size=n, max_size=n)))
+    output = np.asarray(data.draw(st.lists(st.integers(1, 40), min_size=n, max_size=n)))
+    late = data.draw(st.integers(0, n))  # the first request with a prefix segment
+    prefix = [None if g < late else [(g % 3, int(prompt[g]) // 2)] for g in range(n)]
+    wl = Workload(arrival_s=arrival, prompt_tokens=prompt, output_tokens=output, predicted_output=output + 1,
+                  prefix=prefix, ttft_slo_s=np.arange(n) * 0.5 + 1)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, n), max_size=8))) | {n})
+    shift = data.draw(st.booleans())  # replaced arrivals (a migrated request's: its transfer's end)
+    cfg = EngineConfig(kv_capacity_tokens=capacity, block_size=16, overflow="preempt_lifo_recompute")
+
+    def build(batched: bool) -> tuple[Engine, _Rows]:
+        rows = _Rows(wl)
+        e = Engine(rows.workload, cfg, make_latency("linear:d0=0.0625,d1=0"), make_policy("vllm-v1"), seed=0)
+        e.more_from = 0.0
+        lo = 0
+        for hi in cuts:
+            gids = list(range(lo, hi))
+            arr = [float(arrival[g]) + 0.125 for g in gids] if shift else None
+            if batched and len(gids) > 1:
+                e.extend(rows.add(gids, arr))
+            else:
+                for k, g in enumerate(gids):
+                    e.extend(rows.append(g, None if arr is None else arr[k]))
+            if data.draw(st.booleans()):  # the views read between adds (cut, then cut again)
+                rows.workload.predicted_output, e.prefill_target  # noqa: B018
+            lo = hi
+        return e, rows
+
+    (one, r1), (many, r2) = build(False), build(True)
+    assert _intake_state(one, r1) == _intake_state(many, r2)
+    for e in (one, many):
+        e.more_from = None
+        e.run()
+    for name in PUBLIC:
+        np.testing.assert_array_equal(getattr(one, name), getattr(many, name), err_msg=name)

@@ -327,16 +327,18 @@ class _BlockHolders:
 
 _ROW_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output", "client", "task_class",
                "type_id", "ttft_slo_s", "tpot_slo_s")
-# copied when a row is added (the engine reads them at once; disaggregation replaces some); the
+# copied when a row is added (the engine reads them at once, from the buffers: ``Engine.extend``); the
 # others are copied when first read (many runs never read them)
-_COPIED = ("arrival_s", "prompt_tokens", "output_tokens", "predicted_output")
+_COPIED = ("arrival_s", "prompt_tokens", "output_tokens")
 
 
 class _ReplicaWorkload(Workload):
     """A replica's :class:`Workload`, grown in place by :class:`_Rows` (built without
     ``__init__``: the global rows were validated). Each array is a view of the first ``n`` rows
     of a :class:`_Rows` buffer, cut when first read after rows were added, so a routed request
-    re-slices only the fields read since the previous one."""
+    re-slices only the fields read since the previous one. ``buffers`` (the buffers by field)
+    lets the engine read a new row's arrival, prompt and output without cutting a view
+    (:meth:`Engine.extend`)."""
 
     def __len__(self) -> int:
         return self._rows.n
@@ -369,6 +371,8 @@ class _Rows:
     through one :class:`_ReplicaWorkload` (:attr:`workload`) whose arrays are views of the
     buffers' first :attr:`n` rows."""
 
+    __slots__ = ("n", "gids", "bufs", "prefix", "wl", "_pairs", "filled", "cut", "workload")
+
     def __init__(self, wl: Workload) -> None:
         self.n = 0
         self.gids = np.zeros(64, dtype=np.int64)
@@ -383,43 +387,63 @@ class _Rows:
         w.prefix = self.prefix
         w.client_weight = wl.client_weight
         w.meta = wl.meta
+        w.buffers = self.bufs
 
     def add(self, gids: list[int], arrivals: list[float] | None = None) -> Workload:
         """Append the rows of global ids ``gids`` (with ``arrivals`` instead of theirs: migrated
         requests arrive when their KV transfer ends); returns :attr:`workload`."""
-        n0, k = self.n, len(gids)
+        k = len(gids)
+        if k == 1:
+            return self.append(gids[0], None if arrivals is None else arrivals[0])
+        n0 = self.n
         n = n0 + k
         if n > len(self.gids):
-            cap = max(n, 2 * len(self.gids))
-            self.gids = _resized(self.gids, cap)
-            self.bufs = {f: _resized(b, cap) for f, b in self.bufs.items()}
-            self._pairs = [(self.bufs[f], getattr(self.wl, f)) for f in _COPIED]
-        if k == 1:  # one request, the usual case: scalars
-            g = gids[0]
-            self.gids[n0] = g
-            for b, col in self._pairs:
-                b[n0] = col[g]
-        else:
-            idx = np.asarray(gids, dtype=np.int64)
-            self.gids[n0:n] = idx
-            for b, col in self._pairs:
-                b[n0:n] = col[idx]
+            self._grow(n)
+        idx = np.asarray(gids, dtype=np.int64)
+        self.gids[n0:n] = idx
+        for b, col in self._pairs:
+            b[n0:n] = col[idx]
         if arrivals is not None:
             self.bufs["arrival_s"][n0:n] = arrivals
         if self.prefix is not None:
             p = self.wl.prefix
-            if k == 1:
-                self.prefix.append(p[gids[0]])
-            else:
-                self.prefix.extend(p[g] for g in gids)
+            self.prefix.extend(p[g] for g in gids)
         self.n = n
         self.cut.clear()  # the views are short now: cut again when next read
         return self.workload
 
+    def append(self, g: int, arrival: float | None = None) -> Workload:
+        """``add([g], [arrival])``: one row, the usual case of a routed request, with scalars
+        (the same buffer values, no index arrays)."""
+        n0 = self.n
+        if n0 == len(self.gids):
+            self._grow(n0 + 1)
+        self.gids[n0] = g
+        for b, col in self._pairs:
+            b[n0] = col[g]
+        if arrival is not None:
+            self.bufs["arrival_s"][n0] = arrival
+        if self.prefix is not None:
+            self.prefix.append(self.wl.prefix[g])
+        self.n = n0 + 1
+        if self.cut:
+            self.cut.clear()  # the views are short now: cut again when next read
+        return self.workload
+
+    def _grow(self, n: int) -> None:
+        """Buffers of at least ``n`` rows (doubling: a row costs O(1) amortised)."""
+        cap = max(n, 2 * len(self.gids))
+        self.gids = _resized(self.gids, cap)
+        self.bufs = self.workload.buffers = {f: _resized(b, cap) for f, b in self.bufs.items()}
+        self._pairs = [(self.bufs[f], getattr(self.wl, f)) for f in _COPIED]
+
     def fill(self, name: str) -> None:
         """Copy field ``name``'s rows added since it was last filled (a field not in ``_COPIED``)."""
         k, n = self.filled[name], self.n
-        if k < n:
+        if k + 1 == n:  # one row (read after every routed request): a scalar
+            self.bufs[name][k] = getattr(self.wl, name)[self.gids[k]]
+            self.filled[name] = n
+        elif k < n:
             self.bufs[name][k:n] = getattr(self.wl, name)[self.gids[k:n]]
             self.filled[name] = n
 

@@ -190,7 +190,7 @@ class _DecodeSet:
         if not len(ids):
             return ds
         kv, gen = engine._kv_tokens[ids], engine._generated[ids]
-        ids_l, fin_l = ids.tolist(), (engine.workload.output_tokens[ids] - gen).tolist()
+        ids_l, fin_l = ids.tolist(), (engine._output[ids] - gen).tolist()
         ds.members = dict(zip(ids_l, fin_l, strict=True))
         ds.due = list(zip(fin_l, ids_l, strict=True))
         heapq.heapify(ds.due)
@@ -436,6 +436,14 @@ class Engine:
         may still come, none arriving before it: :meth:`poll` then pauses (returns False without
         finishing) when there is nothing to do, and ``next_arrival_s`` is at most ``more_from``.
         An engine given its whole workload this way runs exactly as one constructed with it.
+
+        A workload grown in place may offer ``buffers``: per field, an array whose first ``n``
+        rows are the field's and which has rows to spare (a cluster replica's,
+        :class:`~llmsched_gym.core.cluster._Rows`; at least ``arrival_s``, ``prompt_tokens`` and
+        ``output_tokens`` filled). The engine then reads the new rows there and keeps those
+        arrays as its per-request prompt and output lengths (every reader indexes them by request
+        id), so adding a request cuts no view of the workload. One request, the usual case at run
+        time, is added with scalars: the same values as the many-request path's slices.
         """
         old, n = self.n, len(workload)
         p = self.pending
@@ -455,43 +463,51 @@ class Engine:
             self.view.rebind()
         if n == old:
             return
+        bufs = getattr(workload, "buffers", None)
+        if bufs is None:
+            arr, p, o = workload.arrival_s, workload.prompt_tokens, workload.output_tokens
+        else:  # grown in place: read by id from its buffers, no views cut (see the docstring)
+            arr, p, o = bufs["arrival_s"], bufs["prompt_tokens"], bufs["output_tokens"]
         if n - old == 1:
-            self._arrival.append(float(workload.arrival_s[old]))
+            self._arrival.append(float(arr[old]))
         else:
-            self._arrival.extend(workload.arrival_s[old:].tolist())
-        p, o = workload.prompt_tokens, workload.output_tokens
-        self._prompt, self._output = p, o
+            self._arrival.extend(arr[old:n].tolist())
         regrown = n + 1 > self._cap
         if regrown:
             if old == 0:  # the first requests: arrays of their length, as if constructed with them
                 self._init_requests(workload)
             else:
                 self._regrow(max(n + 1, 2 * self._cap, 64))
+        if p is not self._prompt:
+            self._prompt, self._output = p, o
+            self.ledger.prompt = p
         self._cut.clear()  # the public views are short now: cut again when next read
         cum = self._prompt_cum
-        bs, cap = self.config.block_size, self.kv.capacity_blocks
         if n - old == 1:  # one request, the usual case at run time: scalars
             pi, oi = int(p[old]), int(o[old])
             self._prefill_target[old] = pi
             cum[n] = cum[old] + pi
-            if -(-(pi + oi) // bs) > cap:
+            if pi + oi > self.kv.capacity_tokens:  # more blocks than the capacity
                 self._oversize = self._oversize | {old}
-            self._max_len = (max(self._max_len[0], pi), max(self._max_len[1], oi))
+            m = self._max_len
+            if pi > m[0] or oi > m[1]:
+                self._max_len = (max(m[0], pi), max(m[1], oi))
+                if self.config.stall_iterations <= 0:
+                    self.stall_iterations = max(20_000, 4 * sum(self._max_len))
         else:
-            new_p, new_o = p[old:], o[old:]
+            bs, cap = self.config.block_size, self.kv.capacity_blocks
+            new_p, new_o = p[old:n], o[old:n]
             self._prefill_target[old:n] = new_p
             cum[old + 1:n + 1] = cum[old] + np.cumsum(new_p)
             big = np.flatnonzero(-(-(new_p + new_o) // bs) > cap)
             if len(big):
                 self._oversize = self._oversize | frozenset((big + old).tolist())
             self._max_len = (max(self._max_len[0], int(new_p.max())), max(self._max_len[1], int(new_o.max())))
-        self.kv.extend(workload)
+            if self.config.stall_iterations <= 0:
+                self.stall_iterations = max(20_000, 4 * sum(self._max_len))
+        self.kv.extend(workload, p)
         if regrown:
             self.ledger = Ledger.of(self)  # it holds the buffers
-        else:
-            self.ledger.prompt = p
-        if self.config.stall_iterations <= 0:
-            self.stall_iterations = max(20_000, 4 * sum(self._max_len))
 
     def receive(self, workload: Workload, generated: int = 1) -> int:
         """Disaggregated serving's hand-off (:mod:`llmsched_gym.core.disagg`): the last row of

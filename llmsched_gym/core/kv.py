@@ -2,7 +2,8 @@
 
 Memory is counted in blocks of ``block_size`` tokens; ``block_size = 1`` is the papers'
 token-level model. A running request holds ``ceil(kv_tokens / block_size)`` blocks, of which its
-first ``shared`` blocks may be prefix-cache blocks shared with other requests (counted once).
+first ``shared`` blocks may be prefix-cache blocks shared with other requests (counted once;
+``KVCache.shared`` is indexed by request id, with rows to spare once requests come at run time).
 
 Prefix cache (vLLM's automatic prefix caching; Wang et al. 2025 and Dexter et al. 2025): a request's shareable prompt head
 (its ``prefix`` segments, see :mod:`llmsched_gym.core.request`) is cut into full blocks; block
@@ -137,6 +138,7 @@ class KVCache:
         self.used_blocks = 0
         n = len(workload)
         self.shared = self._shared_buf = np.zeros(n, dtype=np.int64)
+        self._n = n  # requests followed (see extend)
         self._want_prefix = bool(prefix_cache)
         self.enabled = bool(prefix_cache and workload.has_prefix)
         self.cap_prompt_minus_one = cap_prompt_minus_one
@@ -169,18 +171,22 @@ class KVCache:
         self._seq = 0
         self._count: dict[float, int] = {}
 
-    def extend(self, workload: Workload) -> None:
+    def extend(self, workload: Workload, prompt_tokens: np.ndarray | None = None) -> None:
         """The engine's workload grew (requests placed at run time): follow it. The prefix cache
-        turns on with the first request that has prefix segments (when ``prefix_cache``)."""
-        old, n = len(self.shared), len(workload)
-        if n > len(self._shared_buf):
-            buf = np.zeros(max(n, 2 * len(self._shared_buf), 64), dtype=np.int64)
-            buf[:old] = self.shared
-            self._shared_buf = buf
-        self.shared = self._shared_buf[:n]
-        self._prefix, self._prompt = workload.prefix, workload.prompt_tokens
-        if self._want_prefix and not self.enabled and workload.prefix is not None:
-            self.enabled = any(p for p in workload.prefix[old:])
+        turns on with the first request that has prefix segments (when ``prefix_cache``).
+        ``prompt_tokens``: the prompt lengths to read by request id (default the workload's; an
+        array longer than the workload, as the engine's buffers, serves as well). :attr:`shared`
+        becomes a buffer with rows to spare (read and written by request id)."""
+        n, buf = len(workload), self._shared_buf
+        if n > len(buf):
+            old = len(buf)
+            self.shared = self._shared_buf = np.zeros(max(n, 2 * old, 64), dtype=np.int64)
+            self._shared_buf[:old] = buf
+        prefix = workload.prefix
+        self._prefix, self._prompt = prefix, workload.prompt_tokens if prompt_tokens is None else prompt_tokens
+        if self._want_prefix and not self.enabled and prefix is not None:
+            self.enabled = any(p for p in prefix[self._n:n])
+        self._n = n
 
     @property
     def used_tokens(self) -> int:

@@ -84,7 +84,7 @@ class Ledger:
         """The ledger of ``engine`` (an :class:`~llmsched_gym.core.engine.Engine`)."""
         return cls(engine.kv, engine.config.prefill_emits_token, engine._state, engine._prefilled,
                    engine._prefill_target, engine._kv_tokens, engine._generated, engine._swapped,
-                   engine.workload.prompt_tokens, engine.config.preempt_mode)
+                   engine._prompt, engine.config.preempt_mode)
 
     # ---- the rule, per request ------------------------------------------------------------------
     def blocks(self, tokens):
