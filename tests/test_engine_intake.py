@@ -124,15 +124,19 @@ def test_a_disaggregated_replica_row_replaces_the_given_fields() -> None:
     assert w.ttft_slo_s.tolist() == [np.inf, np.inf, 2.5, np.inf] and w.client.tolist() == [0, 1, 0, 0]
 
 
-def _intake_state(e: Engine, rows: _Rows) -> dict:
-    """Everything the intake sets, as plain values (rows past ``n`` excluded)."""
+def _engine_state(e: Engine) -> dict:
+    """Everything the engine's intake sets, as plain values (rows past ``n`` excluded)."""
     n = e.n
     return {"n": n, "arrival": list(e._arrival), "prompt": e._prompt[:n].tolist(), "output": e._output[:n].tolist(),
             "ledger_prompt": e.ledger.prompt[:n].tolist(), "kv_prompt": e.kv._prompt[:n].tolist(),
             "cum": e._prompt_cum[:n + 1].tolist(), "target": e._prefill_target[:n].tolist(),
             "oversize": sorted(e._oversize), "max_len": e._max_len, "stall": e.stall_iterations,
-            "kv_shared": e.kv.shared[:n].tolist(), "kv_enabled": e.kv.enabled,
-            "gids": rows.gids[:rows.n].tolist(), "prefix": list(rows.prefix or []),
+            "kv_shared": e.kv.shared[:n].tolist(), "kv_enabled": e.kv.enabled}
+
+
+def _intake_state(e: Engine, rows: _Rows) -> dict:
+    """The engine's intake state and the replica's rows."""
+    return {**_engine_state(e), "gids": rows.gids[:rows.n].tolist(), "prefix": list(rows.prefix or []),
             **{f: getattr(rows.workload, f).tolist() for f in ("arrival_s", "prompt_tokens", "output_tokens",
                                                                "predicted_output", "client", "ttft_slo_s")}}
 
@@ -141,7 +145,8 @@ def _intake_state(e: Engine, rows: _Rows) -> dict:
 @given(data=st.data(), n=st.integers(1, 150), capacity=st.sampled_from([120, 4_000]))
 def test_one_row_at_a_time_equals_rows_in_batches(data: st.DataObject, n: int, capacity: int) -> None:
     """``_Rows.append`` and the engine's one-request path (scalars, buffers read by id) leave the
-    same state as the many-row paths (index arrays, slices) given the same rows, with and without
+    same state as the many-row paths (scalars up to ``_FEW`` rows, index arrays and slices above)
+    given the same rows, and as an engine constructed with them all, with and without
     arrivals replaced (migration), past the buffers' first doubling, with requests too large for
     the KV (``capacity`` 120 tokens) and with prefix segments turning the prefix cache on late; and
     both engines then run alike."""
@@ -176,6 +181,9 @@ def test_one_row_at_a_time_equals_rows_in_batches(data: st.DataObject, n: int, c
 
     (one, r1), (many, r2) = build(False), build(True)
     assert _intake_state(one, r1) == _intake_state(many, r2)
+    if not shift:  # an engine constructed with the whole workload holds the same
+        whole = Engine(wl, cfg, make_latency("linear:d0=0.0625,d1=0"), make_policy("vllm-v1"), seed=0)
+        assert _engine_state(one) == _engine_state(whole)
     for e in (one, many):
         e.more_from = None
         e.run()

@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.engine import MIGRATED, Engine, EngineConfig
+from llmsched_gym.core.engine import _FEW, MIGRATED, Engine, EngineConfig
 from llmsched_gym.core.information import CLAIRVOYANT, GuardedWorkload, information_of
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.latency import LatencyModel
@@ -393,8 +393,10 @@ class _Rows:
         """Append the rows of global ids ``gids`` (with ``arrivals`` instead of theirs: migrated
         requests arrive when their KV transfer ends); returns :attr:`workload`."""
         k = len(gids)
-        if k == 1:
-            return self.append(gids[0], None if arrivals is None else arrivals[0])
+        if k <= _FEW:  # a few rows: one by one, with scalars (the same buffer values)
+            for j, g in enumerate(gids):
+                self.append(g, None if arrivals is None else arrivals[j])
+            return self.workload
         n0 = self.n
         n = n0 + k
         if n > len(self.gids):
@@ -774,9 +776,12 @@ class Cluster:
     def _give(self, r: int, gids: list[int], arrivals: list[float] | None = None) -> None:
         """Append requests ``gids`` (global ids, in arrival order) to replica ``r``'s engine, with the
         block hashes the router computed for them."""
-        e = self.engines[r]
+        e, rows = self.engines[r], self._rows[r]
         n0 = e.n
-        e.extend(self._rows[r].add(gids, arrivals))
+        if len(gids) == 1:  # the usual case: one request
+            e.extend(rows.append(gids[0], None if arrivals is None else arrivals[0]))
+        else:
+            e.extend(rows.add(gids, arrivals))
         hand = self._handover
         if hand:
             for k, g in enumerate(gids):

@@ -156,7 +156,7 @@ class _Rows(_ClusterRows):
     def add_one(self, g: int, **over: Any) -> Workload:
         """Append global request ``g`` with the fields ``over`` replaced; returns the workload."""
         arrival = over.pop("arrival_s", None)
-        wl = self.add([g], None if arrival is None else [arrival])
+        wl = self.append(g, arrival)
         for f, v in over.items():
             if f in self.filled:
                 self.fill(f)  # the row's copy first, so that a later fill does not undo the change

@@ -58,6 +58,10 @@ from llmsched_gym.core.scheduler import BatchPlan, EngineView, PlanError, Schedu
 
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
 MIGRATED = 5
+
+_FEW = 16
+"""Up to this many requests added at once (:meth:`Engine.extend`) are read and written as scalars,
+one by one; more as array slices (the same values: NumPy's overhead pays only for many)."""
 """State of a request that left this engine by live migration (it finishes on another replica)."""
 
 __all__ = ["LOG_COLUMNS", "ConfigError", "Counters", "Engine", "EngineConfig"]
@@ -468,10 +472,6 @@ class Engine:
             arr, p, o = workload.arrival_s, workload.prompt_tokens, workload.output_tokens
         else:  # grown in place: read by id from its buffers, no views cut (see the docstring)
             arr, p, o = bufs["arrival_s"], bufs["prompt_tokens"], bufs["output_tokens"]
-        if n - old == 1:
-            self._arrival.append(float(arr[old]))
-        else:
-            self._arrival.extend(arr[old:n].tolist())
         regrown = n + 1 > self._cap
         if regrown:
             if old == 0:  # the first requests: arrays of their length, as if constructed with them
@@ -482,22 +482,30 @@ class Engine:
             self._prompt, self._output = p, o
             self.ledger.prompt = p
         self._cut.clear()  # the public views are short now: cut again when next read
-        cum = self._prompt_cum
-        if n - old == 1:  # one request, the usual case at run time: scalars
-            pi, oi = int(p[old]), int(o[old])
-            self._prefill_target[old] = pi
-            cum[n] = cum[old] + pi
-            if pi + oi > self.kv.capacity_tokens:  # more blocks than the capacity
-                self._oversize = self._oversize | {old}
-            m = self._max_len
-            if pi > m[0] or oi > m[1]:
-                self._max_len = (max(m[0], pi), max(m[1], oi))
+        cum, target = self._prompt_cum, self._prefill_target
+        if old:  # (the first requests' arrivals: _init_requests read them)
+            if n - old == 1:
+                self._arrival.append(float(arr[old]))
+            else:
+                self._arrival.extend(arr[old:n].tolist())
+        if n - old <= _FEW:  # a few requests, the usual case at run time: scalars
+            fit, (mp, mo) = self.kv.capacity_tokens, self._max_len
+            for i in range(old, n):
+                pi, oi = int(p[i]), int(o[i])
+                target[i] = pi
+                cum[i + 1] = cum[i] + pi
+                if pi + oi > fit:  # more blocks than the capacity
+                    self._oversize = self._oversize | {i}
+                if pi > mp or oi > mo:
+                    mp, mo = max(mp, pi), max(mo, oi)
+            if (mp, mo) != self._max_len:
+                self._max_len = (mp, mo)
                 if self.config.stall_iterations <= 0:
-                    self.stall_iterations = max(20_000, 4 * sum(self._max_len))
+                    self.stall_iterations = max(20_000, 4 * (mp + mo))
         else:
             bs, cap = self.config.block_size, self.kv.capacity_blocks
             new_p, new_o = p[old:n], o[old:n]
-            self._prefill_target[old:n] = new_p
+            target[old:n] = new_p
             cum[old + 1:n + 1] = cum[old] + np.cumsum(new_p)
             big = np.flatnonzero(-(-(new_p + new_o) // bs) > cap)
             if len(big):
