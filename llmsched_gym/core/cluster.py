@@ -371,7 +371,8 @@ class _Rows:
     through one :class:`_ReplicaWorkload` (:attr:`workload`) whose arrays are views of the
     buffers' first :attr:`n` rows."""
 
-    __slots__ = ("n", "gids", "bufs", "prefix", "wl", "_pairs", "filled", "cut", "workload")
+    __slots__ = ("n", "gids", "bufs", "prefix", "wl", "filled", "cut", "workload", "_arrival", "_prompt", "_output",
+                 "_g_arrival", "_g_prompt", "_g_output", "_g_prefix")
 
     def __init__(self, wl: Workload) -> None:
         self.n = 0
@@ -379,7 +380,10 @@ class _Rows:
         self.bufs = {f: np.zeros(64, dtype=getattr(wl, f).dtype) for f in _ROW_FIELDS}
         self.prefix: list | None = [] if wl.prefix is not None else None
         self.wl = wl
-        self._pairs = [(self.bufs[f], getattr(wl, f)) for f in _COPIED]
+        # the global columns of _COPIED, and their buffers (set by _grow): what append touches
+        self._g_arrival, self._g_prompt, self._g_output = wl.arrival_s, wl.prompt_tokens, wl.output_tokens
+        self._g_prefix = wl.prefix
+        self._arrival, self._prompt, self._output = self.bufs["arrival_s"], self.bufs["prompt_tokens"], self.bufs["output_tokens"]
         self.filled = {f: 0 for f in _ROW_FIELDS if f not in _COPIED}  # rows copied so far
         self.cut: dict[str, np.ndarray] = {}  # the workload's views cut since rows were last added
         w = self.workload = object.__new__(_ReplicaWorkload)
@@ -403,12 +407,11 @@ class _Rows:
             self._grow(n)
         idx = np.asarray(gids, dtype=np.int64)
         self.gids[n0:n] = idx
-        for b, col in self._pairs:
-            b[n0:n] = col[idx]
-        if arrivals is not None:
-            self.bufs["arrival_s"][n0:n] = arrivals
+        self._arrival[n0:n] = self._g_arrival[idx] if arrivals is None else arrivals
+        self._prompt[n0:n] = self._g_prompt[idx]
+        self._output[n0:n] = self._g_output[idx]
         if self.prefix is not None:
-            p = self.wl.prefix
+            p = self._g_prefix
             self.prefix.extend(p[g] for g in gids)
         self.n = n
         self.cut.clear()  # the views are short now: cut again when next read
@@ -421,12 +424,11 @@ class _Rows:
         if n0 == len(self.gids):
             self._grow(n0 + 1)
         self.gids[n0] = g
-        for b, col in self._pairs:
-            b[n0] = col[g]
-        if arrival is not None:
-            self.bufs["arrival_s"][n0] = arrival
+        self._arrival[n0] = self._g_arrival[g] if arrival is None else arrival
+        self._prompt[n0] = self._g_prompt[g]
+        self._output[n0] = self._g_output[g]
         if self.prefix is not None:
-            self.prefix.append(self.wl.prefix[g])
+            self.prefix.append(self._g_prefix[g])
         self.n = n0 + 1
         if self.cut:
             self.cut.clear()  # the views are short now: cut again when next read
@@ -436,8 +438,8 @@ class _Rows:
         """Buffers of at least ``n`` rows (doubling: a row costs O(1) amortised)."""
         cap = max(n, 2 * len(self.gids))
         self.gids = _resized(self.gids, cap)
-        self.bufs = self.workload.buffers = {f: _resized(b, cap) for f, b in self.bufs.items()}
-        self._pairs = [(self.bufs[f], getattr(self.wl, f)) for f in _COPIED]
+        b = self.bufs = self.workload.buffers = {f: _resized(b, cap) for f, b in self.bufs.items()}
+        self._arrival, self._prompt, self._output = b["arrival_s"], b["prompt_tokens"], b["output_tokens"]
 
     def fill(self, name: str) -> None:
         """Copy field ``name``'s rows added since it was last filled (a field not in ``_COPIED``)."""

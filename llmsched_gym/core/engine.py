@@ -463,7 +463,7 @@ class Engine:
                 self.commit_pending()
         same = workload is self.workload  # grown in place (a cluster's replica): the view still reads it
         self.workload, self.n = workload, n
-        if self.view is not None and not same:
+        if not same and self.view is not None:
             self.view.rebind()
         if n == old:
             return
