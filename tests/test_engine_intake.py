@@ -189,3 +189,14 @@ def test_one_row_at_a_time_equals_rows_in_batches(data: st.DataObject, n: int, c
         e.run()
     for name in PUBLIC:
         np.testing.assert_array_equal(getattr(one, name), getattr(many, name), err_msg=name)
+
+
+def test_a_field_never_read_has_no_buffer_and_one_read_late_is_whole() -> None:
+    wl = _workload(10)
+    rows = _Rows(wl)
+    for g in range(100):  # past the first buffers' 64 rows, one row at a time
+        rows.append(g % 10)
+    assert set(rows.bufs) == {"arrival_s", "prompt_tokens", "output_tokens"}  # nothing else copied or grown
+    assert rows.workload.client.tolist() == [g % 2 for g in range(100)]  # its buffer made at this first read
+    rows.append(3)
+    assert rows.workload.client.tolist()[-2:] == [1, 1] and "type_id" not in rows.bufs

@@ -377,7 +377,7 @@ class _Rows:
     def __init__(self, wl: Workload) -> None:
         self.n = 0
         self.gids = np.zeros(64, dtype=np.int64)
-        self.bufs = {f: np.zeros(64, dtype=getattr(wl, f).dtype) for f in _ROW_FIELDS}
+        self.bufs = {f: np.zeros(64, dtype=getattr(wl, f).dtype) for f in _COPIED}  # the others at their first fill
         self.prefix: list | None = [] if wl.prefix is not None else None
         self.wl = wl
         # the global columns of _COPIED, and their buffers (set by _grow): what append touches
@@ -442,8 +442,11 @@ class _Rows:
         self._arrival, self._prompt, self._output = b["arrival_s"], b["prompt_tokens"], b["output_tokens"]
 
     def fill(self, name: str) -> None:
-        """Copy field ``name``'s rows added since it was last filled (a field not in ``_COPIED``)."""
+        """Copy field ``name``'s rows added since it was last filled (a field not in ``_COPIED``;
+        its buffer is made at the first fill, so that a run which never reads it never grows it)."""
         k, n = self.filled[name], self.n
+        if name not in self.bufs:
+            self.bufs[name] = np.zeros(len(self.gids), dtype=getattr(self.wl, name).dtype)
         if k + 1 == n:  # one row (read after every routed request): a scalar
             self.bufs[name][k] = getattr(self.wl, name)[self.gids[k]]
             self.filled[name] = n
