@@ -489,11 +489,12 @@ class Engine:
             else:
                 self._arrival.extend(arr[old:n].tolist())
         if n - old <= _FEW:  # a few requests, the usual case at run time: scalars
-            fit, (mp, mo) = self.kv.capacity_tokens, self._max_len
+            fit, (mp, mo), total = self.kv.capacity_tokens, self._max_len, int(cum[old])
             for i in range(old, n):
                 pi, oi = int(p[i]), int(o[i])
                 target[i] = pi
-                cum[i + 1] = cum[i] + pi
+                total += pi
+                cum[i + 1] = total
                 if pi + oi > fit:  # more blocks than the capacity
                     self._oversize = self._oversize | {i}
                 if pi > mp or oi > mo:
@@ -513,7 +514,7 @@ class Engine:
             self._max_len = (max(self._max_len[0], int(new_p.max())), max(self._max_len[1], int(new_o.max())))
             if self.config.stall_iterations <= 0:
                 self.stall_iterations = max(20_000, 4 * sum(self._max_len))
-        self.kv.extend(workload, p)
+        self.kv.extend(workload, p, n)
         if regrown:
             self.ledger = Ledger.of(self)  # it holds the buffers
 

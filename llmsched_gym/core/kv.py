@@ -171,13 +171,16 @@ class KVCache:
         self._seq = 0
         self._count: dict[float, int] = {}
 
-    def extend(self, workload: Workload, prompt_tokens: np.ndarray | None = None) -> None:
+    def extend(self, workload: Workload, prompt_tokens: np.ndarray | None = None, n: int | None = None) -> None:
         """The engine's workload grew (requests placed at run time): follow it. The prefix cache
         turns on with the first request that has prefix segments (when ``prefix_cache``).
         ``prompt_tokens``: the prompt lengths to read by request id (default the workload's; an
-        array longer than the workload, as the engine's buffers, serves as well). :attr:`shared`
-        becomes a buffer with rows to spare (read and written by request id)."""
-        n, buf = len(workload), self._shared_buf
+        array longer than the workload, as the engine's buffers, serves as well); ``n``: the
+        workload's length, if the caller has it. :attr:`shared` becomes a buffer with rows to
+        spare (read and written by request id)."""
+        buf = self._shared_buf
+        if n is None:
+            n = len(workload)
         if n > len(buf):
             old = len(buf)
             self.shared = self._shared_buf = np.zeros(max(n, 2 * old, 64), dtype=np.int64)
