@@ -124,6 +124,15 @@ class KVCache:
         prompt token to produce logits).
     """
 
+    # the attributes as slots: a cluster touches each replica's cache once per routing point, when
+    # it is out of the CPU caches, and a slot costs one memory line where an entry of a large
+    # instance dict costs two (other attributes go to ``__dict__``)
+    __slots__ = ("_base", "_by_segments", "_count", "_entry", "_hashes", "_head", "_heap", "_held", "_lru", "_matched",
+                 "_matched_ver", "_n", "_n_idle", "_n_idle_runs", "_prefix", "_priority", "_prompt", "_ref", "_runs",
+                 "_seq", "_shared_buf", "_ver", "_want_prefix", "block_size", "cap_prompt_minus_one", "capacity_blocks",
+                 "capacity_tokens", "enabled", "evicted_blocks", "hit_tokens", "prefix_closed", "shared", "used_blocks",
+                 "watch", "__dict__")
+
     def __init__(
         self,
         capacity_tokens: int,
@@ -557,6 +566,8 @@ class KVCache:
 class _BlockKVCache(KVCache):
     """The cache with one entry per block, for any eviction order: what a :class:`KVCache` becomes
     when a priority eviction order is installed (:meth:`of_runs`)."""
+
+    __slots__ = ()  # the same layout as KVCache (its instances change class)
 
     def _init_store(self) -> None:
         # every cached block: ``_ref[hash]`` is its reference count (> 0) while running requests
