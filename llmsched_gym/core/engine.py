@@ -318,6 +318,21 @@ class Engine:
     KV cache ``kv``, and the run's :class:`Counters` in ``counters``.
     """
 
+    # the attributes as slots (others go to ``__dict__``): a cluster's replica is touched once per
+    # routing point, out of the CPU caches, and a slot costs one memory line where an entry of a
+    # 72-key instance dict costs two
+    __slots__ = ("_arrival", "_cached_tokens", "_cap", "_completion_s", "_composition", "_cut", "_ds",
+                 "_first_scheduled_s", "_first_token_s", "_generated", "_hook_arrival", "_hook_finish",
+                 "_hook_preempt", "_hook_prefill", "_hook_tokens", "_incoming", "_iter_cached", "_kv_tokens",
+                 "_max_len", "_n_admitted", "_noise", "_output", "_oversize", "_preemptions", "_prefill_target",
+                 "_prefilled", "_prompt", "_prompt_cum", "_recomputed_tokens", "_stamp", "_state", "_swapped",
+                 "batches", "cached_tokens", "clock", "completion_s", "config", "counters", "defer_ff", "done",
+                 "first_scheduled_s", "first_token_s", "generated", "kv", "kv_tokens", "latency", "ledger", "log",
+                 "log_batches", "more_from", "n", "n_in_prefill", "next_idx", "non_terminating", "pending",
+                 "preemptions", "prefill_target", "prefilled", "recomputed_tokens", "reject_reason", "rng",
+                 "running", "scheduler", "seed", "stall_iterations", "state", "stop_reason", "swapped", "view",
+                 "waiting", "waiting_tokens", "workload", "__dict__", "__weakref__")
+
     def __init__(
         self,
         workload: Workload,
@@ -1380,10 +1395,13 @@ class _GrowingEngine(Engine):
     request routed to it re-slices only the arrays read since the previous one (a cluster adds
     them one or a few at a time). :meth:`Engine._regrow` turns an engine into this class."""
 
-    def __getstate__(self) -> dict[str, Any]:
-        d = self.__dict__.copy()
-        d["_cut"] = {}  # a pickled view would not share its buffer's memory any more
-        return d
+    __slots__ = ()  # the layout of Engine (an engine changes class)
+
+    def __getstate__(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        d, slots = super().__getstate__()  # (__dict__, slots)
+        slots = {k: v for k, v in slots.items() if k not in _VIEWS}  # the properties read the buffers
+        slots["_cut"] = {}  # a pickled view would not share its buffer's memory any more
+        return d, slots
 
 
 def _view_property(public: str, buf: str) -> property:
@@ -1398,6 +1416,7 @@ def _view_property(public: str, buf: str) -> property:
 for _buf, _public, _, _ in Engine._GROWN:
     if _public is not None:
         setattr(_GrowingEngine, _public, _view_property(_public, _buf))
+_VIEWS = frozenset(public for _, public, _, _ in Engine._GROWN if public is not None)
 
 _EMPTY = np.empty(0, dtype=np.int64)
 

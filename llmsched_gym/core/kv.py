@@ -131,7 +131,7 @@ class KVCache:
                  "_matched_ver", "_n", "_n_idle", "_n_idle_runs", "_prefix", "_priority", "_prompt", "_ref", "_runs",
                  "_seq", "_shared_buf", "_ver", "_want_prefix", "block_size", "cap_prompt_minus_one", "capacity_blocks",
                  "capacity_tokens", "enabled", "evicted_blocks", "hit_tokens", "prefix_closed", "shared", "used_blocks",
-                 "watch", "__dict__")
+                 "watch", "__dict__", "__weakref__")
 
     def __init__(
         self,
