@@ -296,6 +296,14 @@ def test_bad_input_is_one_line() -> None:
 
     with pytest.raises(ConfigError, match=r"route\(0\) returned 7"):
         _cluster(wl, 2, Bad()).run()
+    for bad in (True, 1.0, "1", -1):  # a bool, a float or a string is no replica index
+        Bad.route = lambda self, rid, view, bad=bad: bad
+        with pytest.raises(ConfigError, match=r"route\(0\) returned .*not a replica in 0\.\.1"):
+            _cluster(wl, 2, Bad()).run()
+    Bad.route = lambda self, rid, view: np.int64(1)  # a NumPy integer is one
+    c = _cluster(wl, 2, Bad())
+    c.run()
+    assert (c.placement[c.placement >= 0] == 1).all()
 
 
 def test_simulate_cluster_runs_make_clusters_cluster_with_its_parameters() -> None:

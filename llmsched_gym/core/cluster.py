@@ -644,7 +644,7 @@ class Cluster:
         """Record that ``rid`` goes to replica ``r`` (checked) in the placement and the view."""
         view = self.view
         n_rep = view.n_replicas
-        if not (isinstance(r, int | np.integer) and not isinstance(r, bool) and 0 <= r < n_rep):
+        if not ((type(r) is int or (isinstance(r, int | np.integer) and not isinstance(r, bool))) and 0 <= r < n_rep):
             raise ConfigError(f"router {self.router.name!r}: route({rid}) returned {r!r}, "
                               f"not a replica in 0..{n_rep - 1}")
         r = int(r)
