@@ -58,11 +58,11 @@ from llmsched_gym.core.scheduler import BatchPlan, EngineView, PlanError, Schedu
 
 PENDING, WAITING, RUNNING, DONE, REJECTED = 0, 1, 2, 3, 4
 MIGRATED = 5
+"""State of a request that left this engine by live migration (it finishes on another replica)."""
 
 _FEW = 16
 """Up to this many requests added at once (:meth:`Engine.extend`) are read and written as scalars,
 one by one; more as array slices (the same values: NumPy's overhead pays only for many)."""
-"""State of a request that left this engine by live migration (it finishes on another replica)."""
 
 __all__ = ["LOG_COLUMNS", "ConfigError", "Counters", "Engine", "EngineConfig"]
 
@@ -465,9 +465,11 @@ class Engine:
         time, is added with scalars: the same values as the many-request path's slices.
         """
         old, n = self.n, len(workload)
+        bufs = getattr(workload, "buffers", None)
+        arr = workload.arrival_s if bufs is None else bufs["arrival_s"]  # a replica's: read by id, no view cut
         p = self.pending
         if p is not None and n > old:  # the pending run ends at the first boundary at or after the arrival
-            a = float(workload.arrival_s[old])
+            a = float(arr[old])
             if p.more is not None:
                 if p.t[-1] < a:
                     self._defer_steps(p, a)
@@ -482,11 +484,10 @@ class Engine:
             self.view.rebind()
         if n == old:
             return
-        bufs = getattr(workload, "buffers", None)
         if bufs is None:
-            arr, p, o = workload.arrival_s, workload.prompt_tokens, workload.output_tokens
+            p, o = workload.prompt_tokens, workload.output_tokens
         else:  # grown in place: read by id from its buffers, no views cut (see the docstring)
-            arr, p, o = bufs["arrival_s"], bufs["prompt_tokens"], bufs["output_tokens"]
+            p, o = bufs["prompt_tokens"], bufs["output_tokens"]
         regrown = n + 1 > self._cap
         if regrown:
             if old == 0:  # the first requests: arrays of their length, as if constructed with them
