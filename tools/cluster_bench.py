@@ -27,7 +27,9 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
   peak memory (RSS) of the process. ``--per-replica P`` gives every replica the same workload
   (N x P requests), so the cost per request at N replicas compares with one replica's. Each size
   first runs untimed with 20 requests per replica (the process's one-time costs, about 5 ms, would
-  otherwise fall on the first size: 19 us a request at 1 x 300). The scale
+  otherwise fall on the first size: 19 us a request at 1 x 300), and the garbage of earlier runs is
+  collected before each timed one (a full collection of it, about 20 ms after a 64-replica run,
+  would otherwise land in a later timing: 60 us a request at 1 x 300). The scale
   run (64 replicas, 1M requests, one core):
 
       nice -n 10 python tools/cluster_bench.py speed --replicas 64 --requests 1000000 --router lor
@@ -42,6 +44,7 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import time
@@ -147,6 +150,7 @@ def speed(args) -> None:
         cluster(n, 20 * n)[1]().run()  # scenario's files, caches) would otherwise load the first size alone
     for n in args.replicas:
         wl, build = cluster(n, args.per_replica * n if args.per_replica else args.requests)
+        gc.collect()  # the earlier sizes' garbage: a full collection of it would land in this timing
         w0, c0 = time.perf_counter(), time.process_time()
         c = build()
         c.run()
@@ -171,7 +175,6 @@ def floor(args) -> None:
 
 def _floor(args, n: int) -> None:
     import copy
-    import gc
 
     from llmsched_gym.core.engine import Engine
 
@@ -215,6 +218,7 @@ def _floor(args, n: int) -> None:
             todo = engines() if fn is not routed else []
             thresholds = gc.get_threshold()
             gc.set_threshold(max(thresholds[0], 1_000_000), *thresholds[1:])  # as Cluster.run does
+            gc.collect()  # as in speed: no earlier run's garbage collected inside this timing
             c0 = time.process_time()
             fn(todo)
             times[name].append(1e6 * (time.process_time() - c0) / len(wl))
