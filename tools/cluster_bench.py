@@ -50,11 +50,13 @@ import gc
 import json
 import resource
 import time
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
 
 from llmsched_gym.cluster_sim import make_cluster, simulate_cluster
+from llmsched_gym.core.cluster import GC_THRESHOLD0
 from llmsched_gym.core.sessions import prefix_groups
 
 
@@ -142,12 +144,16 @@ def llumnix(args) -> None:
         print("figure:", args.figure)
 
 
-def speed(args) -> None:
-    def cluster(n: int, total: int):
-        wl = prefix_groups(total, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
-        return wl, lambda: make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
-                                        refresh_s=args.refresh_s)[0]
+def _speed_cluster(args, n: int, total: int):
+    """The speed workload (``total`` requests at ``n`` times the per-replica rate) and a function
+    that builds its cluster of ``n`` replicas afresh (speed and floor)."""
+    wl = prefix_groups(total, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
+    return wl, lambda: make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
+                                    refresh_s=args.refresh_s)[0]
 
+
+def speed(args) -> None:
+    cluster = partial(_speed_cluster, args)
     for n in args.replicas:  # untimed warm-up: the process's one-time costs (imports on first use, the
         cluster(n, 20 * n)[1]().run()  # scenario's files, caches) would otherwise load the first size alone
     for n in args.replicas:
@@ -185,12 +191,7 @@ def _floor(args, n: int) -> None:
 
     from llmsched_gym.core.engine import Engine
 
-    wl = prefix_groups((args.per_replica or 300) * n, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
-
-    def cluster():
-        return make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
-                            refresh_s=args.refresh_s)[0]
-
+    wl, cluster = _speed_cluster(args, n, (args.per_replica or 300) * n)
     c = cluster()
     c.run()
     placement = [np.flatnonzero(c.placement == r) for r in range(n)]
@@ -224,7 +225,7 @@ def _floor(args, n: int) -> None:
         for name, fn in (("cluster", routed), ("interleaved", interleaved), ("sequential", sequential)):
             todo = engines() if fn is not routed else []
             thresholds = gc.get_threshold()
-            gc.set_threshold(max(thresholds[0], 1_000_000), *thresholds[1:])  # as Cluster.run does
+            gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])  # as Cluster.run does
             gc.collect()  # as in speed: no earlier run's garbage collected inside this timing
             c0 = time.process_time()
             fn(todo)

@@ -781,12 +781,9 @@ class Cluster:
     def _give(self, r: int, gids: list[int], arrivals: list[float] | None = None) -> None:
         """Append requests ``gids`` (global ids, in arrival order) to replica ``r``'s engine, with the
         block hashes the router computed for them."""
-        e, rows = self.engines[r], self._rows[r]
+        e = self.engines[r]
         n0 = e.n
-        if len(gids) == 1:  # the usual case: one request
-            e.extend(rows.append(gids[0], None if arrivals is None else arrivals[0]))
-        else:
-            e.extend(rows.add(gids, arrivals))
+        e.extend(self._rows[r].add(gids, arrivals))
         hand = self._handover
         if hand:
             for k, g in enumerate(gids):
