@@ -155,13 +155,13 @@ def _reference_hashes(segs: tuple, bs: int) -> list[int]:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.sampled_from([1, 3, 4, 16]), st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=4), min_size=1,
+@given(st.sampled_from([1, 3, 4, 16]), st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=4), min_size=1,
                                                  max_size=12))
 def test_prompts_extending_a_cached_head_hash_as_from_scratch(bs, paths):
     """Prompts built from a small pool of segments (so they share heads: a group's system prompt,
     a session's earlier turns), hashed in turn through one cache: every chain equals the one
     computed token by token, and blocks wholly inside a shared head are the same objects."""
-    seg_len = {0: 7, 1: 16, 2: 1, 3: 20, 4: 5, 5: 33}
+    seg_len = {0: 7, 1: 16, 2: 1, 3: 20, 4: 5, 5: 33, 6: 0, 7: 64}  # 0: an empty segment
     prefix = [tuple((s, seg_len[s]) for s in p) for p in paths]
     prompts = [sum(n for _, n in p) + 1 for p in prefix]
     kv = KVCache(10_000, bs, workload(prompts, prefix))

@@ -83,16 +83,24 @@ def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     for i in range(k, len(segs)):
         seg_id, n_tok = segs[i]
         off = 0
-        while off < n_tok:
-            take = min(n_tok - off, bs - fill)
-            pieces.append((seg_id, off, off + take))
-            off += take
-            fill += take
+        if fill and n_tok:  # the open block takes the segment's first tokens
+            off = min(n_tok, bs - fill)
+            pieces.append((seg_id, 0, off))
+            fill += off
             if fill == bs:
                 prev = hash((prev, tuple(pieces)))
                 h.append(prev)
                 pieces.clear()
                 fill = 0
+        if not fill:  # blocks inside the segment (one piece each), then the segment's tail opens one
+            end = n_tok - bs
+            while off <= end:
+                prev = hash((prev, ((seg_id, off, off + bs),)))
+                h.append(prev)
+                off += bs
+            if off < n_tok:
+                pieces.append((seg_id, off, n_tok))
+                fill = n_tok - off
         head = segs[:i + 1] if i + 1 < len(segs) else segs
         if head not in cache:
             cache[head] = (h, len(h), prev, fill, tuple(pieces))
