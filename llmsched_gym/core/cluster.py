@@ -939,17 +939,23 @@ class Cluster:
 
     def iteration_log(self) -> dict[str, np.ndarray]:
         """Every replica's iteration log, ordered by start time, with a ``replica`` column."""
-        logs = [e.iteration_log() for e in self.engines]
-        cols = {k: np.concatenate([lg[k] for lg in logs]) for k in logs[0]}
-        cols["replica"] = np.concatenate([np.full(len(lg["t_start"]), r, dtype=np.int64) for r, lg in enumerate(logs)])
-        order = np.argsort(cols["t_start"], kind="stable")
-        return {k: v[order] for k, v in cols.items()}
+        return merged_iteration_log(self.engines)
 
 
 #: The per-replica part of a cluster's summary (``summary["cluster"]["replicas"]``).
 REPLICA_KEYS = ("n_arrived", "n_completed", "n_rejected", "n_unfinished", "iterations", "busy_frac",
                  "kv_peak_frac", "kv_mean_frac", "preemptions", "prefix_hit_rate", "ttft_s", "e2e_s",
                  "throughput_tokens_per_s", "stop_reason", "serving")
+
+
+def merged_iteration_log(engines: Sequence[Engine]) -> dict[str, np.ndarray]:
+    """The engines' iteration logs as one, ordered by start time (stable: a replica's rows keep
+    their order, ties go to the lower replica), with a ``replica`` column (the engine's index)."""
+    logs = [e.iteration_log() for e in engines]
+    cols = {k: np.concatenate([lg[k] for lg in logs]) for k in logs[0]}
+    cols["replica"] = np.concatenate([np.full(len(lg["t_start"]), r, dtype=np.int64) for r, lg in enumerate(logs)])
+    order = np.argsort(cols["t_start"], kind="stable")
+    return {k: v[order] for k, v in cols.items()}
 
 
 def _stopped(e: Engine, now: float) -> bool:

@@ -59,7 +59,14 @@ from typing import Any
 import numpy as np
 
 from llmsched_gym.config import ConfigError
-from llmsched_gym.core.cluster import REPLICA_KEYS, ClusterView, Replica, merge_totals, prefix_hasher
+from llmsched_gym.core.cluster import (
+    REPLICA_KEYS,
+    ClusterView,
+    Replica,
+    merge_totals,
+    merged_iteration_log,
+    prefix_hasher,
+)
 from llmsched_gym.core.cluster import _Rows as _ClusterRows  # a replica's rows, grown in place
 from llmsched_gym.core.engine import DONE, REJECTED, RUNNING, Engine
 from llmsched_gym.core.kv import KVCache
@@ -569,11 +576,7 @@ class DisaggCluster:
 
     def iteration_log(self) -> dict[str, np.ndarray]:
         """Every replica's iteration log, ordered by start time, with a ``replica`` column."""
-        logs = [e.iteration_log() for e in self.engines]
-        cols = {k: np.concatenate([lg[k] for lg in logs]) for k in logs[0]}
-        cols["replica"] = np.concatenate([np.full(len(lg["t_start"]), r, dtype=np.int64) for r, lg in enumerate(logs)])
-        order = np.argsort(cols["t_start"], kind="stable")
-        return {k: v[order] for k, v in cols.items()}
+        return merged_iteration_log(self.engines)
 
 
 def _checked(x: Any, n: int, router: Any, rid: int) -> int:
