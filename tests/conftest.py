@@ -1,3 +1,4 @@
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,19 @@ class Manual(Scheduler):
     """A scheduler the test drives by hand (``execute`` gets explicit plans)."""
 
     name = "manual"
+
+
+def summaries_equal(a: dict, b: dict) -> None:
+    """Every field of summary ``a`` equals ``b``'s (NaN equal to NaN), but the policy's name and the
+    wall time."""
+    for k in a:
+        if k in ("policy", "wall_time_s"):
+            continue
+        x, y = a[k], b[k]
+        if isinstance(x, float) and math.isnan(x):
+            assert isinstance(y, float) and math.isnan(y), k
+        else:
+            assert x == y, (k, x, y)
 
 
 def manual_engine(prompts, outputs, cap_tokens: int, bs: int = 4, overflow: str = "forbid", prefix=None,

@@ -7,7 +7,7 @@ import math
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import small_cuts
+from conftest import small_cuts, summaries_equal
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -61,18 +61,6 @@ def random_action(env, rng):
         ok = mask.reshape(-1, 2)[:, 1]
         return (ok & (rng.random(len(ok)) < 0.5)).astype(np.int8)
     return rng.uniform(-1, 1, env.action_space.shape).astype(np.float32)
-
-
-def summaries_equal(a, b):
-    skip = {"policy", "wall_time_s"}
-    for k in a:
-        if k in skip:
-            continue
-        x, y = a[k], b[k]
-        if isinstance(x, float) and math.isnan(x):
-            assert math.isnan(y), k
-        else:
-            assert x == y, (k, x, y)
 
 
 def drive_with_expert(env, seed):
@@ -670,7 +658,6 @@ def test_budget_batch_times_grow_with_the_budget_and_the_unlimited_one_is_the_la
     # at least as long; the unlimited one is the latency model's time of the whole batch, or a
     # smaller budget's if that is larger (the models see only sums: adding a short prompt can lower
     # their attention estimate). Also run on the synthetic stand-in, where that happens.
-    import math
 
     env = LLMSchedEnv("azure-conv", n_requests=120)
     rng = np.random.default_rng(2)

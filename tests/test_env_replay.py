@@ -8,11 +8,9 @@ every registered policy.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from conftest import ORACLE, small_cuts
+from conftest import ORACLE, small_cuts, summaries_equal
 
 import baselines
 from llmsched_gym.env.llmsched_env import LLMSchedEnv
@@ -42,17 +40,6 @@ SELECT_POLICIES = [
     ({"name": "sarathi", "chunk_size": 512}, "arrival"), ({"name": "sarathi", "chunk_size": 2048}, "arrival"),
     ("vllm-v1", "arrival"), ("lpm", "arrival"), ("k-lpm", "arrival"), ("sglang-lpm", "arrival"), ("vtc", "arrival"),
 ]
-
-
-def summaries_equal(a: dict, b: dict) -> None:
-    for k in a:
-        if k in ("policy", "wall_time_s"):
-            continue
-        x, y = a[k], b[k]
-        if isinstance(x, float) and math.isnan(x):
-            assert isinstance(y, float) and math.isnan(y), k
-        else:
-            assert x == y, (k, x, y)
 
 
 def replay(env: LLMSchedEnv, seed: int) -> tuple[dict, int]:

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ORACLE, small_cuts
+from conftest import ORACLE, small_cuts, summaries_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,17 +58,6 @@ PAPER = {
 # candidates that listen to the engine's hooks but force no engine setting: alongside any policy
 # they must leave its run untouched
 LISTENERS = ["mcsf", "srpt", "k-lpm", "vtc", "vtc-predict", "drr", "rpm"]
-
-
-def summaries_equal(a: dict, b: dict) -> None:
-    for k in a:
-        if k in ("policy", "wall_time_s"):
-            continue
-        x, y = a[k], b[k]
-        if isinstance(x, float) and math.isnan(x):
-            assert isinstance(y, float) and math.isnan(y), k
-        else:
-            assert x == y, (k, x, y)
 
 
 def run_switch(scenario: str, sw: Switch, seed: int, overrides: dict, choose=None, check=None):
