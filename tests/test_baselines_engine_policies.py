@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from baselines import PolicyError, make_policy
+from llmsched_gym.core.ledger import Ledger
 from llmsched_gym.core.scheduler import BatchPlan
 from llmsched_gym.sim import make_engine, simulate
 
@@ -101,6 +104,39 @@ def test_vllm_v1_plans_fit_without_the_engine_evicting(reqs, block_size, emits):
     for b in engine.batches:
         assert sum(c for _, c, _ in b["prefill"]) + len(b["decode"]) <= 48
     assert int(engine.iteration_log()["n_running"].max()) <= 5
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 24), st.integers(1, 40)), min_size=8, max_size=24),
+    st.sampled_from([1, 4, 16]),
+    st.integers(4, 60),
+    st.integers(0, 1),
+)
+def test_vllm_v1_counts_an_all_decode_batch_at_once_as_its_scan_does(reqs, block_size, budget, emits):
+    """Eight or more running requests that all decode: vLLM v1 counts their blocks with one array
+    operation when the budget reaches the last of them (a budget of 4 to 60 tokens: some stop the
+    scan early); every plan of a run with preemptions (a KV for about half the requests) equals the
+    request-by-request scan's on the same state."""
+    import baselines.vllm as vllm_mod
+
+    reqs.sort()
+    cap = max(p + o for _, p, o in reqs) + sum(p + o for _, p, o in reqs) // 2 + 2 * block_size
+    sc = toy([float(a) for a, _, _ in reqs], [p for _, p, _ in reqs], [o for _, _, o in reqs],
+             capacity=cap, block_size=block_size, emits=bool(emits))
+    sc["engine"]["overflow"] = "preempt_lifo_recompute"
+    engine, _ = make_engine(sc, {"name": "vllm-v1", "max_num_batched_tokens": budget})
+    sched, view = engine.scheduler, engine.view
+    counted: list[int] = []  # the batches counted at once
+    real = Ledger.decodes
+    with mock.patch.object(Ledger, "decodes", lambda led, dec, *a: counted.append(len(dec)) or real(led, dec, *a)):
+        while engine.poll():
+            plan = sched.schedule(view)
+            with mock.patch.object(vllm_mod, "_DECODES_AT_ONCE", 10**9):
+                assert sched.schedule(view) == plan
+            engine.execute(plan)
+    assert engine.n_completed == len(reqs)
+    if len(reqs) >= 16 and block_size == 1 and budget >= 40:  # 8 running decode at some point
+        assert counted and min(counted) >= 8
 
 
 # ---- vLLM v0 --------------------------------------------------------------------------------
