@@ -139,7 +139,8 @@ def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
 
 def _reference_hashes(segs: tuple, bs: int) -> list[int]:
     """Block ``b``'s key, token by token: hash of block ``b - 1``'s key and the pieces
-    ``(segment, first offset, end offset)`` of the segments covering tokens ``[b*bs, (b+1)*bs)``."""
+    ``(segment, first offset, end offset)`` of the segments covering tokens ``[b*bs, (b+1)*bs)``
+    (the one piece's fields themselves when a single segment covers the block)."""
     tokens = [(seg, off) for seg, n in segs for off in range(n)]
     out, prev = [], 0
     for b in range(len(tokens) // bs):
@@ -149,7 +150,7 @@ def _reference_hashes(segs: tuple, bs: int) -> list[int]:
                 pieces[-1] = (seg, pieces[-1][1], off + 1)
             else:
                 pieces.append((seg, off, off + 1))
-        prev = hash((prev, tuple(pieces)))
+        prev = hash((prev, *pieces[0]) if len(pieces) == 1 else (prev, tuple(pieces)))
         out.append(prev)
     return out
 

@@ -52,7 +52,8 @@ quarter of it: consumed entries before its head is trimmed)."""
 def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     """The chained block hashes of a prompt whose shareable head is ``segs`` (``(segment id,
     tokens)`` pairs): block ``b``'s key chains block ``b-1``'s with the pieces of segments inside
-    block ``b`` (``(segment, first offset, end offset)``), O(blocks + segments).
+    block ``b`` (``(segment, first offset, end offset)``; a block inside one segment, the usual
+    case, hashes that piece's fields flat: one tuple, not three), O(blocks + segments).
 
     ``cache`` (the :data:`_SHARED_PREFIXES` most recently used entries) maps a segment tuple to
     the chain's state after it: ``(list, n, last key, tokens in the open block, its pieces)``,
@@ -95,7 +96,7 @@ def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
         if not fill:  # blocks inside the segment (one piece each), then the segment's tail opens one
             end = n_tok - bs
             while off <= end:
-                prev = hash((prev, ((seg_id, off, off + bs),)))
+                prev = hash((prev, seg_id, off, off + bs))
                 h.append(prev)
                 off += bs
             if off < n_tok:
