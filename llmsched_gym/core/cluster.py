@@ -564,7 +564,6 @@ class Cluster:
         self._handover: dict[int, list[int]] = {}  # global id -> block hashes the router computed
         self.view = ClusterView(self)
         router.reset(len(self.replicas), np.random.default_rng(np.random.SeedSequence([seed, 0x0A7E])))
-        self._signals = [(0, 0, 0, 0)] * len(self.replicas)
         self.migration = Migration.of(migration)
         self.migrations = np.zeros(len(workload), dtype=np.int64)
         """Times each request was migrated."""
