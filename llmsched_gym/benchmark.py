@@ -1069,13 +1069,24 @@ def write_outputs(results: dict[str, Any], out: Path) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 4.0), squeeze=False)
     for ax, name in zip(axes[0], tasks, strict=True):
         rows = [r for r in results["tasks"][name]["rows"] if np.isfinite(r.get("normalised", math.nan))][:10]
-        ax.barh([r["name"] for r in rows][::-1], [r["normalised"] for r in rows][::-1],
-                color=[colors.get(r["kind"], "tab:blue") for r in rows][::-1])
+        y = np.arange(len(rows))[::-1]  # positions, not the names: two rows may share a shortened name
+        ax.barh(y, [r["normalised"] for r in rows], color=[colors.get(r["kind"], "tab:blue") for r in rows])
+        ax.set_yticks(y, [_short(r["name"]) for r in rows])
         ax.axvline(1.0, color="k", lw=0.8, ls="--")
         ax.axvline(0.0, color="grey", lw=0.8)
         ax.set_title(f"{name} ({results['tasks'][name]['information']})", fontsize=10)
         ax.set_xlabel("normalised score (0 fcfs, 1 best baseline)")
         ax.tick_params(labelsize=8)
     fig.tight_layout()
-    fig.savefig(out / "scores.png", dpi=110)
+    fig.savefig(out / "scores.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def _short(label: str, width: int = 32) -> str:
+    """``label`` in at most ``width`` characters, its middle cut (an ellipsis marks it) so that the
+    start (what it is) and the end (an agent's checkpoint, "untrained start") both show: a static
+    heuristic or an agent has a name too long for a bar chart's axis (the leaderboard has it whole)."""
+    if len(label) <= width:
+        return label
+    head = (width - 1) // 2
+    return label[:head] + "\u2026" + label[len(label) - (width - 1 - head):]

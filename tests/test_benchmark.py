@@ -21,6 +21,7 @@ from llmsched_gym.benchmark import (
     rank_family,
     run_benchmark,
     score_task,
+    write_outputs,
 )
 from llmsched_gym.cli import main
 
@@ -321,3 +322,34 @@ def test_the_leaderboard_says_when_the_single_seed_choice_fails_another_seed():
     fam["scores"] = dict(rank_family(_FAMILY, fam["completed"]))
     fam["chosen"] = next(iter(fam["scores"]))
     assert "alone would choose" not in _choice_lines(results, "t")[0]  # fast is now the choice itself
+
+
+def test_the_score_plot_draws_every_row_with_its_name_shortened_in_the_middle(tmp_path, monkeypatch):
+    """An agent and its untrained start share a long name's start: each keeps its bar and its end
+    (the checkpoint, "untrained start") shows; the plot's layout fits (no matplotlib warning)."""
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    names = ["hindsight", "static:order=total,chunk_size=256,max_num_seqs=256",
+             "ppo priority/shortest-order budget 256, untrained start",
+             "ppo priority/shortest-order budget 256, best model at 221k of 326k steps", "lpm"]
+    kinds = ["reference", "static", "start", "agent", "baseline"]
+    rows = [{"name": n, "kind": k, "normalised": 2.0 - i / 4} for i, (n, k) in enumerate(zip(names, kinds, strict=True))]
+    results = {"tasks": {"azure-conv": {"rows": rows, "information": "predicted"}}}
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    monkeypatch.setattr("llmsched_gym.benchmark.leaderboard", lambda r: "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_outputs(results, tmp_path)
+    ax = figures[0].axes[0]
+    # the labels from the top down (the first row at the top)
+    labels = [t.get_text() for _, t in sorted(zip(ax.get_yticks(), ax.get_yticklabels(), strict=True),
+                                              key=lambda x: -x[0])]
+    assert len(ax.patches) == len(rows) and len(set(labels)) == len(rows)
+    assert labels[0] == "hindsight" and labels[-1] == "lpm"
+    assert all(len(x) <= 32 for x in labels)
+    assert labels[2].endswith("untrained start") and labels[3].endswith("326k steps")
+    assert all(lb[:10] == n[:10] for lb, n in zip(labels, names, strict=True))
+    plt.close(figures[0])
