@@ -103,7 +103,9 @@ def test_pair_experts_replay_exactly(router: str) -> None:
 def test_pools_check_env_mask_and_the_agent_as_decider() -> None:
     from llmsched_gym.env.cluster_env import LLMSchedClusterEnv
 
-    env = LLMSchedClusterEnv("azure-conv", pools=POOLS, overrides={"workload.n_requests": 30})
+    env = gym.make("llmsched_gym:LLMSchedCluster-v0", scenario="azure-conv", pools=POOLS,
+                   overrides={"workload.n_requests": 30}).unwrapped  # made: check_env reads its spec
+    assert isinstance(env, LLMSchedClusterEnv)
     check_env(env)
     obs, info = env.reset(seed=0)
     assert env.action_space.n == 16 and obs.shape == (4 * 7 + 2,)

@@ -165,7 +165,8 @@ def test_info_and_summary_name_the_model_and_the_version(predictor, want):
 
 
 def test_v0_is_retired_with_a_pointer_to_v1():
-    with pytest.raises(gym.error.DeprecatedEnv, match=r"LLMSched-v1"):
+    with pytest.raises(gym.error.DeprecatedEnv, match=r"LLMSched-v1"), \
+            pytest.warns(DeprecationWarning, match="LLMSched-v0 is out of date"):
         gym.make("llmsched_gym:LLMSched-v0")
 
 

@@ -43,6 +43,7 @@ def _learn(cls, flat: bool, **kw):
     return model, logged
 
 
+@pytest.mark.filterwarnings("ignore:You have specified a mini-batch size")  # partial minibatches on purpose
 @pytest.mark.parametrize("flat", [False, True])
 @pytest.mark.parametrize("kw", [{}, {"clip_range_vf": 0.1, "target_kl": 0.002, "ent_coef": 0.01}])
 def test_lean_ppo_learns_exactly_what_sb3s_ppo_learns(flat, kw):
@@ -360,6 +361,7 @@ def test_lean_clip_equals_torch_clip_grad_norm():
             assert norm == pytest.approx(0.5, rel=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:You have specified a mini-batch size")  # partial minibatches on purpose
 def test_lean_update_calls_the_optimizers_hooks_when_there_are_any():
     """With a step hook registered the update goes through ``zero_grad`` and the wrapped ``step``
     (the hook sees every step) and learns what it learns without one."""
