@@ -217,13 +217,16 @@ class WallClockLimit(BaseCallback):
 
 
 class RichProgressCallback(BaseCallback):
-    """A rich progress bar over the timesteps of this ``learn`` call (tqdm is not required)."""
+    """A rich progress bar over the timesteps of this ``learn`` call (tqdm is not required). Written
+    to a log or a pipe (not a terminal), its line is 100 columns wide: rich's default there, 80,
+    would cut the step count, the times and the score."""
 
     def __init__(self, score: BaselineScoreCallback | None = None) -> None:
         super().__init__()
         self.score = score
 
     def _on_training_start(self) -> None:
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -233,8 +236,12 @@ class RichProgressCallback(BaseCallback):
             TimeRemainingColumn,
         )
 
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TimeRemainingColumn(), TextColumn("{task.fields[note]}"))
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=100)
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
+                                 console=console)
         self.progress.start()
         total = self.locals["total_timesteps"] - self.model.num_timesteps
         self.task = self.progress.add_task("train", total=total, note="")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,11 +92,20 @@ def test_curve_setup_hindsight_is_the_search_itself():
 
 
 def test_the_train_process_exits_zero_with_every_file_written(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "llmsched_gym.cli", "train", *TINY, "--out", str(tmp_path), "--name", "q"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+    # with the progress bar and its score note (scored every 64 steps), as a user's run prints them
+    with_progress = [a for a in TINY if a != "--no-progress"]
+    with_progress[with_progress.index("--score-every") + 1] = "64"
+    r = subprocess.run([sys.executable, "-m", "llmsched_gym.cli", "train", *with_progress, "--out", str(tmp_path),
+                        "--name", "q"], capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1].startswith("trained q: 128 steps")  # flushed before the quick exit
+    lines = r.stdout.splitlines()
+    assert any(ln.startswith("trained q: 128 steps") for ln in lines), lines
+    assert lines[-1].startswith("validation (seed 99): agent ")  # the last line, flushed before the quick exit
+    # the progress bar, written to a pipe, keeps its whole line: the step count, both times, the score
+    bar = [ln for ln in lines if ln.startswith("train ")]
+    assert bar and "128/128" in bar[-1] and "\u2026" not in bar[-1] and len(bar[-1]) <= 100, bar
+    assert re.search(r"vs best baseline x\d\.\d{3}$", bar[-1]), bar
     run = tmp_path / "q"
     assert json.loads((run / "run.json").read_text())["status"] == "done"
     for stem in ("model", "best_model", "start"):
