@@ -56,7 +56,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from llmsched_gym.cluster_sim import make_cluster, simulate_cluster
-from llmsched_gym.core.cluster import GC_THRESHOLD0
+from llmsched_gym.core.cluster import few_collections
 from llmsched_gym.core.sessions import prefix_groups
 
 
@@ -224,13 +224,11 @@ def _floor(args, n: int) -> None:
     for _ in range(args.rounds):
         for name, fn in (("cluster", routed), ("interleaved", interleaved), ("sequential", sequential)):
             todo = engines() if fn is not routed else []
-            thresholds = gc.get_threshold()
-            gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])  # as Cluster.run does
             gc.collect()  # as in speed: no earlier run's garbage collected inside this timing
-            c0 = time.process_time()
-            fn(todo)
-            times[name].append(1e6 * (time.process_time() - c0) / len(wl))
-            gc.set_threshold(*thresholds)
+            with few_collections():  # as Cluster.run collects
+                c0 = time.process_time()
+                fn(todo)
+                times[name].append(1e6 * (time.process_time() - c0) / len(wl))
             if todo:
                 iterations.add(sum(e.n_iterations for e in todo))
     if len(iterations) != 1:  # a replica's run equals a plain engine given the same requests

@@ -47,13 +47,15 @@ from __future__ import annotations
 import bisect
 import gc
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
 
 from llmsched_gym.config import ConfigError
+from llmsched_gym.core.buffers import resized
 from llmsched_gym.core.engine import _FEW, MIGRATED, Engine, EngineConfig
 from llmsched_gym.core.information import CLAIRVOYANT, GuardedWorkload, information_of
 from llmsched_gym.core.kv import KVCache
@@ -67,6 +69,18 @@ from llmsched_gym.core.transfer import GB
 GC_THRESHOLD0 = 1_000_000
 """The youngest generation's collection threshold during :meth:`Cluster.run` (Python's default: 700):
 a bound on the cyclic garbage a run can hold (the simulator makes none), not a schedule of work."""
+
+
+@contextmanager
+def few_collections() -> Iterator[None]:
+    """Within: the cyclic garbage collector's youngest generation collects every
+    :data:`GC_THRESHOLD0` net allocations at the least (restored after; see :meth:`Cluster.run`)."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 DEFAULT_REFRESH_S = 0.1
 """Load-signal refresh interval of the stale mode (vLLM publishes its metrics every 100 ms; BLIS
@@ -437,8 +451,8 @@ class _Rows:
     def _grow(self, n: int) -> None:
         """Buffers of at least ``n`` rows (doubling: a row costs O(1) amortised)."""
         cap = max(n, 2 * len(self.gids))
-        self.gids = _resized(self.gids, cap)
-        b = self.bufs = self.workload.buffers = {f: _resized(b, cap) for f, b in self.bufs.items()}
+        self.gids = resized(self.gids, cap)
+        b = self.bufs = self.workload.buffers = {f: resized(b, cap) for f, b in self.bufs.items()}
         self._arrival, self._prompt, self._output = b["arrival_s"], b["prompt_tokens"], b["output_tokens"]
 
     def fill(self, name: str) -> None:
@@ -453,12 +467,6 @@ class _Rows:
         elif k < n:
             self.bufs[name][k:n] = getattr(self.wl, name)[self.gids[k:n]]
             self.filled[name] = n
-
-
-def _resized(a: np.ndarray, cap: int) -> np.ndarray:
-    out = np.zeros(cap, dtype=a.dtype)
-    out[:len(a)] = a
-    return out
 
 
 @dataclass(frozen=True)
@@ -605,9 +613,7 @@ class Cluster:
         64 x 1,000 (measured with ``gc.callbacks``), every 1,000,000 none but the one after the
         run; peak memory was the same (64 x 1,000: 228 MB). The default 700 cost a fifth of the
         CPU time (about 390 vs 310 us a request at 64 x 1,000, an older engine)."""
-        thresholds = gc.get_threshold()
-        gc.set_threshold(max(thresholds[0], GC_THRESHOLD0), *thresholds[1:])
-        try:
+        with few_collections():
             if not getattr(self.router, "reads_load", True) and len(self.engines) > 1 and self.migration is None:
                 self._run_blind()
                 return
@@ -618,8 +624,6 @@ class Cluster:
                     rid = steps.send(route(rid, view))
             except StopIteration:
                 pass
-        finally:
-            gc.set_threshold(*thresholds)
 
     def _run_blind(self) -> None:
         """A load-blind router's run: every request (up to the horizon) routed in arrival order,

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from llmsched_gym.config import ConfigError, check_engine
+from llmsched_gym.core.buffers import resized
 from llmsched_gym.core.iteration_log import LOG_COLUMNS, IterationLog
 from llmsched_gym.core.kv import KVCache
 from llmsched_gym.core.latency.base import LatencyModel
@@ -355,7 +356,7 @@ class Engine:
             config.kv_capacity_tokens, config.block_size, workload, config.prefix_cache,
             config.prefix_cap_prompt_minus_one,
         )
-        self._oversize = self._oversize_requests()
+        self._oversize = self._oversize_requests(workload.prompt_tokens, workload.output_tokens)
         engine_ss, policy_ss = np.random.SeedSequence(seed).spawn(2)
         self.rng = np.random.default_rng(engine_ss)
         self._noise: np.ndarray | None = None
@@ -389,10 +390,7 @@ class Engine:
         self._cap = 0  # rows of the buffers once requests come at run time (see _regrow())
         self._cut: dict[str, np.ndarray] = {}  # views cut by _GrowingEngine's properties
         self._max_len = (int(workload.prompt_tokens.max()), int(workload.output_tokens.max())) if n else (0, 0)
-        stall = config.stall_iterations
-        if stall <= 0:
-            stall = max(20_000, 4 * sum(self._max_len)) if n else 20_000
-        self.stall_iterations = stall
+        self.stall_iterations = self._stall_limit()
         self.log = IterationLog(self.kv.capacity_tokens)
         self.batches: list[dict] = []
 
@@ -409,14 +407,18 @@ class Engine:
                 setattr(self, public, a)
         self.reject_reason: dict[int, str] = {}
 
-    def _oversize_requests(self) -> frozenset[int]:
-        """Requests that cannot fit in the KV capacity even alone: they are rejected at arrival
-        (:meth:`_oversize_reason`), so a run with a small capacity serves the rest."""
-        wl, bs = self.workload, self.config.block_size
-        if not len(wl):
-            return frozenset()
-        need_blocks = -(-(wl.prompt_tokens + wl.output_tokens) // bs)
-        return frozenset(np.flatnonzero(need_blocks > self.kv.capacity_blocks).tolist())
+    def _oversize_requests(self, prompt: np.ndarray, output: np.ndarray, first: int = 0) -> frozenset[int]:
+        """Requests ``first, first + 1, ...`` (lengths ``prompt`` and ``output``) that cannot fit in
+        the KV capacity even alone (more blocks than it has: more tokens than its whole blocks
+        hold): they are rejected at arrival (:meth:`_oversize_reason`), so a run with a small
+        capacity serves the rest."""
+        return frozenset((np.flatnonzero(prompt + output > self.kv.capacity_tokens) + first).tolist())
+
+    def _stall_limit(self) -> int:
+        """The loop detector's limit (``config.stall_iterations``; 0: four times the longest
+        prompt plus the longest output so far, at least 20,000)."""
+        s = self.config.stall_iterations
+        return s if s > 0 else max(20_000, 4 * sum(self._max_len))
 
     def _oversize_reason(self, i: int) -> str:
         bs = self.config.block_size
@@ -517,19 +519,16 @@ class Engine:
                     mp, mo = max(mp, pi), max(mo, oi)
             if (mp, mo) != self._max_len:
                 self._max_len = (mp, mo)
-                if self.config.stall_iterations <= 0:
-                    self.stall_iterations = max(20_000, 4 * (mp + mo))
+                self.stall_iterations = self._stall_limit()
         else:
-            bs, cap = self.config.block_size, self.kv.capacity_blocks
             new_p, new_o = p[old:n], o[old:n]
             target[old:n] = new_p
             cum[old + 1:n + 1] = cum[old] + np.cumsum(new_p)
-            big = np.flatnonzero(-(-(new_p + new_o) // bs) > cap)
-            if len(big):
-                self._oversize = self._oversize | frozenset((big + old).tolist())
+            big = self._oversize_requests(new_p, new_o, old)
+            if big:
+                self._oversize = self._oversize | big
             self._max_len = (max(self._max_len[0], int(new_p.max())), max(self._max_len[1], int(new_o.max())))
-            if self.config.stall_iterations <= 0:
-                self.stall_iterations = max(20_000, 4 * sum(self._max_len))
+            self.stall_iterations = self._stall_limit()
         self.kv.extend(workload, p, n)
         if regrown:
             self.ledger = Ledger.of(self)  # it holds the buffers
@@ -605,17 +604,12 @@ class Engine:
         request added later needs no fill). The first turns the engine into a
         :class:`_GrowingEngine`."""
         for name, public, fill, _ in self._GROWN:
-            a = getattr(self, name)
-            buf = np.full(cap, 0 if fill is None else fill, dtype=a.dtype)
-            buf[:len(a)] = a
-            setattr(self, name, buf)
+            setattr(self, name, resized(getattr(self, name), cap, 0 if fill is None else fill))
             if public is not None and type(self) is Engine:
                 setattr(self, public, None)  # the property of _GrowingEngine reads the buffer
         if type(self) is Engine:
             self.__class__ = _GrowingEngine
-        buf = np.zeros(cap, dtype=self._prompt_cum.dtype)
-        buf[:len(self._prompt_cum)] = self._prompt_cum
-        self._prompt_cum = buf
+        self._prompt_cum = resized(self._prompt_cum, cap)
         self._cap = cap
 
     def _noise_slice(self, it: int, k: int) -> np.ndarray:

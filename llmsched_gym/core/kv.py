@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llmsched_gym.core.buffers import resized
+
 if TYPE_CHECKING:
     from llmsched_gym.core.request import Workload
 
@@ -200,9 +202,7 @@ class KVCache:
         if n is None:
             n = len(workload)
         if n > len(buf):
-            old = len(buf)
-            self.shared = self._shared_buf = np.zeros(max(n, 2 * old, 64), dtype=np.int64)
-            self._shared_buf[:old] = buf
+            self.shared = self._shared_buf = resized(buf, max(n, 2 * len(buf), 64))
         prefix = workload.prefix
         self._prefix, self._prompt = prefix, workload.prompt_tokens if prompt_tokens is None else prompt_tokens
         if self._want_prefix and not self.enabled and prefix is not None:
