@@ -23,7 +23,7 @@ the cost per request from 1 to 64 replicas. Prints one JSON line per run (and a 
   ``--qps``; P99 TTFT and E2E, preemptions, migrations (``--figure`` writes a PNG).
 * speed: CPU time per request (process time) at N replicas with N times the arrival rate of one
   (``--rate-per-replica``, default 8/s; 150 groups of 1,000-token system prompts, 200-token
-  questions and outputs; vLLM v1 replicas of the ``mooncake-conv`` scenario), wall time and the
+  questions and outputs, ``--lengths``; vLLM v1 replicas of the ``mooncake-conv`` scenario), wall time and the
   peak memory (RSS) of the process. ``--per-replica P`` gives every replica the same workload
   (N x P requests), so the cost per request at N replicas compares with one replica's. Each size
   first runs untimed with 20 requests per replica (the process's one-time costs, about 5 ms, would
@@ -147,7 +147,8 @@ def llumnix(args) -> None:
 def _speed_cluster(args, n: int, total: int):
     """The speed workload (``total`` requests at ``n`` times the per-replica rate) and a function
     that builds its cluster of ``n`` replicas afresh (speed and floor)."""
-    wl = prefix_groups(total, args.rate_per_replica * n, 150, 1000, 200, 200, rng=args.seed)
+    system, question, output = args.lengths
+    wl = prefix_groups(total, args.rate_per_replica * n, 150, system, question, output, rng=args.seed)
     return wl, lambda: make_cluster("mooncake-conv", "vllm-v1", args.router, n, args.seed, workload=wl,
                                     refresh_s=args.refresh_s)[0]
 
@@ -253,6 +254,9 @@ def main() -> None:
     p.add_argument("--kv-tokens", type=int, default=0,
                    help="KV capacity per replica (0: the scenario's 447,952); llmd/sglang only")
     p.add_argument("--refresh-s", type=float, default=0.1)
+    p.add_argument("--lengths", type=int, nargs=3, default=[1000, 200, 200], metavar=("SYSTEM", "QUESTION", "OUTPUT"),
+                   help="speed/floor: mean tokens of a group's system prompt, a question and an output "
+                        "(llm-d's benchmark: 6000 1200 250)")
     p.add_argument("--figure", default="", help="llumnix: write the figure (PNG) here")
     p.add_argument("--rounds", type=int, default=3, help="floor: interleaved rounds")
     p.add_argument("--repeat", type=int, default=1,
