@@ -132,9 +132,9 @@ def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
             held = int(kv.shared[r])
             assert held == 0 or r in running
             assert set(kv.block_hashes(r)[:held]) <= cached
-            # plain LRU: a chain's cached blocks are a head of it (KVCache.prefix_closed)
+            # plain LRU: a chain's cached blocks are a head of it
             flags = [h in cached for h in kv.block_hashes(r)]
-            assert kv.prefix_closed and flags == sorted(flags, reverse=True)
+            assert flags == sorted(flags, reverse=True)
 
 
 def _reference_hashes(segs: tuple, bs: int) -> list[int]:
@@ -259,7 +259,21 @@ def _state(kv: KVCache, n: int) -> tuple:
             kv.next_evictions(10**6), kv.shared.tolist(), [kv.match_blocks(r) for r in range(n)],
             [kv.match_detail(r) for r in range(n)], [kv.references(h) for h in sorted(kv.cached_hashes())],
             [kv.match_hashes(kv.block_hashes(r)) for r in range(n)],
-            [kv.chain_references(kv.block_hashes(r)) for r in range(n)])
+            [kv.chain_references(kv.block_hashes(r)) for r in range(n)], sorted(kv.cached_roots()))
+
+
+class _RootWatch:
+    """A cache's ``watch``: the chain roots (prompts' first blocks) it was told are cached."""
+
+    def __init__(self) -> None:
+        self.roots: set[int] = set()
+
+    def rooted(self, h: int) -> None:
+        assert h not in self.roots
+        self.roots.add(h)
+
+    def unrooted(self, h: int) -> None:
+        self.roots.remove(h)
 
 
 @settings(max_examples=150, deadline=None)
@@ -285,6 +299,7 @@ def test_runs_behave_as_one_entry_per_block(seed, bs, cap, switch, ops):
     a = KVCache(cap_tokens, bs, workload(prompts, prefix), cap_prompt_minus_one=cap)
     b = _BlockKVCache(cap_tokens, bs, workload(prompts, prefix), cap_prompt_minus_one=cap)
     assert type(a) is KVCache
+    a.watch, b.watch = _RootWatch(), _RootWatch()
     prio = {}
 
     def priority(h: int) -> float:
@@ -295,7 +310,7 @@ def test_runs_behave_as_one_entry_per_block(seed, bs, cap, switch, ops):
         if step == switch:
             for kv in (a, b):
                 kv.set_eviction_priority(priority)
-            assert type(a) is _BlockKVCache and not a.prefix_closed
+            assert type(a) is _BlockKVCache
         for kv in (a, b):
             if op == "admit" and rid not in progress:
                 kv.acquire_prefix(rid)
@@ -319,3 +334,6 @@ def test_runs_behave_as_one_entry_per_block(seed, bs, cap, switch, ops):
         if op == "whatif":
             assert a.whatif == b.whatif
         assert _state(a, n) == _state(b, n)
+        # the roots: the cached first blocks of the prompts, as each cache told its watch
+        firsts = {h[0] for h in (a.block_hashes(r) for r in range(n)) if h}
+        assert a.watch.roots == b.watch.roots == set(a.cached_roots()) == firsts & set(a.cached_hashes())

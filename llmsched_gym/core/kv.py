@@ -139,9 +139,9 @@ class KVCache:
     # it is out of the CPU caches, and a slot costs one memory line where an entry of a large
     # instance dict costs two (other attributes go to ``__dict__``)
     __slots__ = ("_base", "_by_segments", "_count", "_entry", "_hashes", "_head", "_heap", "_held", "_lru", "_matched",
-                 "_matched_ver", "_n", "_n_idle", "_n_idle_runs", "_prefix", "_priority", "_prompt", "_ref", "_runs",
+                 "_matched_ver", "_n", "_n_idle", "_n_idle_runs", "_prefix", "_priority", "_prompt", "_ref", "_roots", "_runs",
                  "_seq", "_shared_buf", "_ver", "_want_prefix", "block_size", "cap_prompt_minus_one", "capacity_blocks",
-                 "capacity_tokens", "enabled", "evicted_blocks", "hit_tokens", "prefix_closed", "shared", "used_blocks",
+                 "capacity_tokens", "enabled", "evicted_blocks", "hit_tokens", "shared", "used_blocks",
                  "watch", "__dict__", "__weakref__")
 
     def __init__(
@@ -167,23 +167,15 @@ class KVCache:
         self._hashes: dict[int, list[int]] = {}  # live requests' block hashes (dropped by forget)
         self._by_segments: OrderedDict[tuple, tuple] = OrderedDict()  # recent prefixes (_chain_hashes)
         self._init_store()
-        self.prefix_closed = True
-        """Every cached block's chain ancestors are cached too, so a prompt's cached blocks are a
-        head of its hash list: true under plain LRU (a block's ancestors are held whenever it is,
-        go idle no earlier, and after it in the same release, so they are evicted after it);
-        false for good once a priority eviction order is installed (it may evict an ancestor
-        first). The cluster's prefix index uses it to find a prompt's hits by bisection."""
         self._ver = 0  # bumped when a block enters or leaves the cache (match results change)
         self._matched: dict[int, int] = {}  # rid -> match_blocks at version _matched_ver
         self._matched_ver = 0
         self.hit_tokens = 0
         self.evicted_blocks = 0
         self.watch: Any = None
-        """Told of the blocks entering (``watch.cached(hashes)``) and leaving
-        (``watch.evicted(hashes)``) the cache, a sequence of block hashes a call (a published run,
-        the blocks evicted from one run), and when it stops being :attr:`prefix_closed`
-        (``watch.opened()``): the cluster's index of which replica holds which block (``None``:
-        nobody)."""
+        """Told when a chain's first block (a prompt's block 0) enters the cache
+        (``watch.rooted(hash)``) and when it leaves (``watch.unrooted(hash)``): the cluster's index
+        of which replica may hit which prompt (``None``: nobody)."""
         # priority eviction (None = LRU): idle hash -> (priority, release seq); lazy-deletion heap
         self._priority: Callable[[int], float] | None = None
         self._entry: dict[int, tuple[float, int]] = {}
@@ -401,9 +393,9 @@ class KVCache:
                 self.used_blocks -= k
             b += k
         if b < upto:
-            run = node[hashes[b]] = _Run(hashes[b:upto], b, 1)
-            if self.watch is not None:
-                self.watch.cached(run.hashes)
+            node[hashes[b]] = _Run(hashes[b:upto], b, 1)
+            if b == 0 and self.watch is not None:
+                self.watch.rooted(hashes[0])
             self._ver += 1
         if upto > held:
             self._held[rid] = held = upto
@@ -447,8 +439,8 @@ class KVCache:
             rh = run.hashes
             k = min(excess, len(rh))
             first = rh[0]
-            if watch is not None:
-                watch.evicted(rh[-k:])  # the run's deepest blocks
+            if watch is not None and k == len(rh) and run.start == 0:  # the chain's first block goes
+                watch.unrooted(first)
             del rh[-k:]
             self._n_idle -= k
             self.evicted_blocks += k
@@ -503,6 +495,10 @@ class KVCache:
     def cached_hashes(self) -> list[int]:
         """Every block cached now (used or idle), by hash."""
         return [h for run in self._runs.values() for h in run.hashes]
+
+    def cached_roots(self) -> list[int]:
+        """The cached blocks that are a chain's first (a prompt's block 0), by hash."""
+        return [h for h, run in self._runs.items() if run.start == 0]
 
     def references(self, hsh: int) -> int:
         """Running requests holding cached block ``hsh`` (0: idle, or not cached); O(cached blocks):
@@ -590,6 +586,7 @@ class _BlockKVCache(KVCache):
         self._head = 0
         self._base = 0
         self._held: dict[int, int] = {}  # rid -> blocks it references: the first ones of its hashes
+        self._roots: set[int] = set()  # the cached blocks that are a chain's first (cached_roots)
 
     def chain_references(self, hashes: list[int]) -> list[int]:
         """:meth:`references` of each block of ``hashes``."""
@@ -602,9 +599,10 @@ class _BlockKVCache(KVCache):
         lru = list(kv._idle_order())
         for i, h in enumerate(lru):
             ref[h] = -1 - i
+        roots = set(kv.cached_roots())
         del kv._runs, kv._n_idle_runs
         kv.__class__ = cls
-        kv._ref, kv._lru, kv._head, kv._base = ref, lru, 0, 0
+        kv._ref, kv._lru, kv._head, kv._base, kv._roots = ref, lru, 0, 0, roots
 
 
     def match_blocks(self, rid: int) -> int:
@@ -662,14 +660,16 @@ class _BlockKVCache(KVCache):
         hashes = self._block_hashes(rid)
         held = self._held.get(rid, 0)
         upto = min(len(hashes), prefilled_tokens // self.block_size)
-        ref, watch = self._ref, self.watch
+        ref = self._ref
         for hsh in hashes[held:upto]:
             r = ref.get(hsh)
             if r is None:
                 ref[hsh] = 1
                 self._ver += 1
-                if watch is not None:
-                    watch.cached((hsh,))
+                if hsh is hashes[0]:  # the chain's first block
+                    self._roots.add(hsh)
+                    if self.watch is not None:
+                        self.watch.rooted(hsh)
             elif r < 0:  # computed twice concurrently: share the existing block (idle), drop our copy
                 self._lru[-1 - r - self._base] = None
                 ref[hsh] = 1
@@ -726,8 +726,10 @@ class _BlockKVCache(KVCache):
                 lru[-1 - ref[hsh] - self._base] = None
             self._n_idle -= 1
             del ref[hsh]
-            if self.watch is not None:
-                self.watch.evicted((hsh,))
+            if hsh in self._roots:  # a chain's first block
+                self._roots.discard(hsh)
+                if self.watch is not None:
+                    self.watch.unrooted(hsh)
             self.evicted_blocks += 1
             excess -= 1
         self._trim_consumed()
@@ -764,6 +766,10 @@ class _BlockKVCache(KVCache):
     def cached_hashes(self) -> list[int]:
         """Every block cached now (used or idle), by hash."""
         return list(self._ref)
+
+    def cached_roots(self) -> list[int]:
+        """The cached blocks that are a chain's first (a prompt's block 0), by hash."""
+        return list(self._roots)
 
     def references(self, hsh: int) -> int:
         """Running requests holding cached block ``hsh`` (0: idle, or not cached)."""
@@ -802,9 +808,6 @@ class _BlockKVCache(KVCache):
         self._priority = priority
         self._entry, self._heap, self._count = {}, [], {}
         if priority is not None:
-            self.prefix_closed = False
-            if self.watch is not None:
-                self.watch.opened()
             for hsh in self._idle_order():
                 self._push(hsh)
 
