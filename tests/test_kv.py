@@ -138,20 +138,18 @@ def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
 
 
 def _reference_hashes(segs: tuple, bs: int) -> list[int]:
-    """Block ``b``'s key, token by token: hash of block ``b - 1``'s key and the pieces
-    ``(segment, first offset, end offset)`` of the segments covering tokens ``[b*bs, (b+1)*bs)``
-    (the one piece's fields themselves when a single segment covers the block)."""
-    tokens = [(seg, off) for seg, n in segs for off in range(n)]
-    out, prev = [], 0
+    """Block ``b``'s key, token by token: the hash of the segment chain before the segment holding
+    the block's last token (each earlier nonempty segment's id and length, chained), that
+    segment's id and the block's end offset in it."""
+    tokens = [(i, seg, off) for i, (seg, n) in enumerate(segs) for off in range(n)]
+    out = []
     for b in range(len(tokens) // bs):
-        pieces: list[tuple[int, int, int]] = []
-        for seg, off in tokens[b * bs:(b + 1) * bs]:
-            if pieces and pieces[-1][0] == seg and pieces[-1][2] == off:
-                pieces[-1] = (seg, pieces[-1][1], off + 1)
-            else:
-                pieces.append((seg, off, off + 1))
-        prev = hash((prev, *pieces[0]) if len(pieces) == 1 else (prev, tuple(pieces)))
-        out.append(prev)
+        i, seg, off = tokens[(b + 1) * bs - 1]
+        chain = 0
+        for s, n in segs[:i]:
+            if n:
+                chain = hash((chain, s, n))
+        out.append(hash((chain, seg, off + 1)))
     return out
 
 
@@ -176,6 +174,28 @@ def test_prompts_extending_a_cached_head_hash_as_from_scratch(bs, paths):
             whole = sum(n for _, n in prefix[a][:k]) // bs  # blocks inside the common head
             ha, hb = kv.block_hashes(a), kv.block_hashes(b)
             assert all(ha[i] is hb[i] for i in range(whole))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([1, 2, 4, 16]), st.lists(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40)),
+                                                         min_size=1, max_size=4), min_size=2, max_size=8))
+def test_two_blocks_share_a_key_exactly_when_their_prompts_agree_up_to_their_end(bs, prompts_segs):
+    """What a key means, independent of how it is computed: block ``i`` of one prompt and block
+    ``j`` of another (or the same) have equal keys exactly when ``i == j`` and the two prompts'
+    tokens (segment, offset), empty segments aside, agree up to the block's end. A segment id
+    names content, so the same id with two lengths shares its first tokens."""
+    prefix = [tuple(p) for p in prompts_segs]
+    prompts = [sum(n for _, n in p) + 1 for p in prefix]
+    kv = KVCache(10_000, bs, workload(prompts, prefix))
+    tokens = [[(seg, off) for seg, n in p for off in range(n)] for p in prefix]
+    keys = [kv.block_hashes(r) for r in range(len(prefix))]
+    for a in range(len(prefix)):
+        assert len(keys[a]) == len(tokens[a]) // bs
+        for b in range(len(prefix)):
+            for i, ka in enumerate(keys[a]):
+                for j, kb in enumerate(keys[b]):
+                    same = i == j and tokens[a][:(i + 1) * bs] == tokens[b][:(j + 1) * bs]
+                    assert (ka == kb) == same, (a, i, b, j)
 
 
 @pytest.mark.parametrize("blocks", [90, 5000])

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 _SHARED_PREFIXES = 512
-"""Prompt heads (segment tuples) whose hash-chain state is kept (:func:`_chain_hashes`: the most
+"""Prompt heads (by their segment chain) whose hash-chain state is kept (:func:`_chain_hashes`: the most
 recently used ones; older ones are recomputed when asked, with equal values)."""
 
 _LRU_SLACK = 16384
@@ -53,60 +53,50 @@ quarter of it: consumed entries before its head is trimmed)."""
 
 def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     """The chained block hashes of a prompt whose shareable head is ``segs`` (``(segment id,
-    tokens)`` pairs): block ``b``'s key chains block ``b-1``'s with the pieces of segments inside
-    block ``b`` (``(segment, first offset, end offset)``; a block inside one segment, the usual
-    case, hashes that piece's fields flat: one tuple, not three), O(blocks + segments).
+    tokens)`` pairs), O(blocks + segments).
 
-    ``cache`` (the :data:`_SHARED_PREFIXES` most recently used entries) maps a segment tuple to
-    the chain's state after it: ``(list, n, last key, tokens in the open block, its pieces)``,
-    the list's first ``n`` keys being the tuple's blocks. A prompt with the same segments gets
-    the same (read-only) list; one that extends a cached head (a group's system prompt, a
-    session's earlier turns) hashes only its own segments, and its list holds the same int
-    objects for the head's blocks."""
+    The segment chain of a head is the hash of the previous head's chain and the segment's id and
+    length (0 for no segment; an empty segment adds nothing). A block's key is the hash of the
+    chain before the segment holding the block's last token, that segment's id and the block's
+    end offset in it. So two blocks have equal keys exactly when their prompts agree up to the
+    blocks' ends (given the segments, up to hash collisions), as vLLM's chained block hashes name
+    a block by its tokens and all before them; and no key depends on the previous block's, so a
+    segment's blocks are hashed in one pass (``map`` over ``zip``, no Python loop a block).
+
+    ``cache`` (the :data:`_SHARED_PREFIXES` most recently used entries) maps a head's segment chain
+    to the state after it: ``(list, n, tokens)``, the list's first ``n`` keys being the head's
+    blocks. A prompt with the same segments gets the same (read-only) list; one that extends a
+    cached head (a group's system prompt, a session's earlier turns) hashes only its own segments,
+    and its list holds the same int objects for the head's blocks."""
+    chains = []
+    chain = 0
+    for seg_id, n_tok in segs:
+        if n_tok:
+            chain = hash((chain, seg_id, n_tok))
+        chains.append(chain)
     k = len(segs)
-    state = cache.get(segs)
-    if state is not None:
-        cache.move_to_end(segs)
-        h, n = state[0], state[1]
-        return h if n == len(h) else h[:n]
-    k -= 1
-    while k > 0:
-        head = segs[:k]
-        state = cache.get(head)
+    state = None
+    while k > 0:  # the longest cached head
+        state = cache.get(chains[k - 1])
         if state is not None:
-            cache.move_to_end(head)
+            cache.move_to_end(chains[k - 1])
             break
         k -= 1
     if state is not None:
-        base, n_base, prev, fill, pieces = state
-        h = base[:n_base]
-        pieces = list(pieces)
+        base, n, t = state
+        if k == len(segs):
+            return base if n == len(base) else base[:n]
+        h, chain = base[:n], chains[k - 1]
     else:
-        h, prev, fill, pieces = [], 0, 0, []
+        h, chain, t = [], 0, 0
     for i in range(k, len(segs)):
         seg_id, n_tok = segs[i]
-        off = 0
-        if fill and n_tok:  # the open block takes the segment's first tokens
-            off = min(n_tok, bs - fill)
-            pieces.append((seg_id, 0, off))
-            fill += off
-            if fill == bs:
-                prev = hash((prev, tuple(pieces)))
-                h.append(prev)
-                pieces.clear()
-                fill = 0
-        if not fill:  # blocks inside the segment (one piece each), then the segment's tail opens one
-            end = n_tok - bs
-            while off <= end:
-                prev = hash((prev, seg_id, off, off + bs))
-                h.append(prev)
-                off += bs
-            if off < n_tok:
-                pieces.append((seg_id, off, n_tok))
-                fill = n_tok - off
-        head = segs[:i + 1] if i + 1 < len(segs) else segs
-        if head not in cache:
-            cache[head] = (h, len(h), prev, fill, tuple(pieces))
+        if n_tok:  # the blocks ending in this segment: end offsets bs - t % bs, + bs, ... up to n_tok
+            h.extend(map(hash, zip(repeat(chain), repeat(seg_id), range(bs - t % bs, n_tok + 1, bs))))
+            t += n_tok
+        chain = chains[i]
+        if chain not in cache:
+            cache[chain] = (h, len(h), t)
     while len(cache) > _SHARED_PREFIXES:
         cache.popitem(last=False)
     return h
