@@ -24,7 +24,8 @@ import numpy as np
 
 class PrefixIndexes:
     """One LRU index per replica (``capacity`` blocks each, 0 = unbounded) and the inverted map
-    ``owners`` (block key -> replicas whose index holds it)."""
+    ``owners`` (block key -> the replicas whose index holds it, as a bit mask: bit ``r`` for
+    replica ``r``)."""
 
     def __init__(self, n: int, capacity: int = 0) -> None:
         self.keys: list[OrderedDict] = [OrderedDict() for _ in range(n)]
@@ -36,49 +37,52 @@ class PrefixIndexes:
     def match(self, hashes: list) -> np.ndarray:
         """Per replica: the leading blocks of ``hashes`` its index holds."""
         out = np.zeros(len(self.keys), dtype=np.int64)
-        owners, alive, depth = self.owners, None, 0
+        get = self.owners.get
+        alive, depth = (1 << len(self.keys)) - 1, 0
         for h in hashes:
-            o = owners.get(h)
-            if not o:
-                break
-            nxt = set(o) if alive is None else alive & o
-            if alive is not None:
-                for r in alive - nxt:
-                    out[r] = depth
-            if not nxt:
-                alive = None
-                break
-            alive, depth = nxt, depth + 1
-        if alive:
-            out[list(alive)] = depth
+            nxt = alive & get(h, 0)
+            if nxt != alive:
+                if depth:  # the replicas whose match ends here
+                    _set(out, alive & ~nxt, depth)
+                alive = nxt
+                if not alive:
+                    return out
+            depth += 1
+        if depth:
+            _set(out, alive, depth)
         return out
 
     def insert(self, r: int, hashes: list, evict: bool = True) -> None:
         """Record the blocks as just used by replica ``r``; with ``evict``, forget its least
         recently used beyond ``capacity``."""
-        keys, owners = self.keys[r], self.owners
+        keys, owners, bit = self.keys[r], self.owners, 1 << r
         for h in hashes:
             if h in keys:
                 keys.move_to_end(h)
             else:
                 keys[h] = None
-                o = owners.get(h)
-                if o is None:
-                    owners[h] = {r}
-                else:
-                    o.add(r)
+                owners[h] = owners.get(h, 0) | bit
         self.sizes[r] = len(keys)
         if evict:
             self.trim(r)
 
     def trim(self, r: int) -> None:
         """Forget replica ``r``'s least recently used blocks beyond ``capacity``."""
-        keys, cap, owners = self.keys[r], self.capacity, self.owners
+        keys, cap, owners, keep = self.keys[r], self.capacity, self.owners, ~(1 << r)
         if cap:
             while len(keys) > cap:
                 h, _ = keys.popitem(last=False)
-                o = owners[h]
-                o.discard(r)
-                if not o:
+                v = owners[h] & keep
+                if v:
+                    owners[h] = v
+                else:
                     del owners[h]
             self.sizes[r] = len(keys)
+
+
+def _set(out: np.ndarray, mask: int, value: int) -> None:
+    """``out[r] = value`` for every bit ``r`` of ``mask``."""
+    while mask:
+        low = mask & -mask
+        out[low.bit_length() - 1] = value
+        mask ^= low

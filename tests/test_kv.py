@@ -198,6 +198,19 @@ def test_two_blocks_share_a_key_exactly_when_their_prompts_agree_up_to_their_end
                     assert (ka == kb) == same, (a, i, b, j)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([1, 2, 4, 16]), st.integers(2, 5),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 90)), min_size=1, max_size=5))
+def test_a_key_names_the_prompt_up_to_its_end_whatever_the_block_size(bs, k, segs):
+    """Blocks of ``k * bs`` tokens have the keys of every k-th block of ``bs`` tokens (the
+    cluster's approximate indexes of coarser blocks take them from the replicas' keys)."""
+    segs = tuple(segs)
+    prompt = sum(n for _, n in segs) + 1
+    fine = KVCache(10_000, bs, workload([prompt], [segs])).block_hashes(0)
+    coarse = KVCache(10_000, k * bs, workload([prompt], [segs])).block_hashes(0)
+    assert coarse == fine[k - 1::k]
+
+
 @pytest.mark.parametrize("blocks", [90, 5000])
 def test_lru_order_matches_an_ordered_dict_over_a_long_run(blocks, monkeypatch):
     """Thousands of admissions, releases and allocations, with evictions (90 blocks: the LRU

@@ -182,8 +182,17 @@ class ClusterView:
 
     def block_hashes(self, rid: int, block_size: int | None = None) -> list[int]:
         """Chained hashes of ``rid``'s full shareable prompt blocks (blocks of ``block_size``,
-        default replica 0's), as the replicas' prefix caches key them."""
-        return self._c.hasher(int(self.block_size[0]) if block_size is None else block_size).block_hashes(rid)
+        default replica 0's), as the replicas' prefix caches key them. A key names the prompt up
+        to its block's end whatever the block size, so blocks of a multiple of replica 0's size
+        are every k-th of its keys (an approximate index of 64-token blocks over 16-token replicas
+        hashes nothing again)."""
+        base = int(self.block_size[0])
+        if block_size is None or block_size == base:
+            return self._c.hasher(base).block_hashes(rid)
+        if block_size % base == 0:
+            k = block_size // base
+            return self._c.hasher(base).block_hashes(rid)[k - 1::k]
+        return self._c.hasher(block_size).block_hashes(rid)
 
     def prefix_hit(self, rid: int) -> np.ndarray:
         """Per replica: prompt tokens of ``rid`` its prefix cache holds now (0 without prefixes)."""
