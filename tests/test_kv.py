@@ -138,9 +138,9 @@ def test_references_idle_blocks_and_evictions_stay_consistent(seed, bs, ops):
 
 
 def _reference_hashes(segs: tuple, bs: int) -> list[int]:
-    """Block ``b``'s key, token by token: the hash of the segment chain before the segment holding
-    the block's last token (each earlier nonempty segment's id and length, chained), that
-    segment's id and the block's end offset in it."""
+    """Block ``b``'s key, token by token: a 128-bit base from the segment chain before the segment
+    holding the block's last token (each earlier nonempty segment's id and length, chained) and
+    that segment's id, plus the block's end offset in it."""
     tokens = [(i, seg, off) for i, (seg, n) in enumerate(segs) for off in range(n)]
     out = []
     for b in range(len(tokens) // bs):
@@ -149,7 +149,7 @@ def _reference_hashes(segs: tuple, bs: int) -> list[int]:
         for s, n in segs[:i]:
             if n:
                 chain = hash((chain, s, n))
-        out.append(hash((chain, seg, off + 1)))
+        out.append((hash((chain, seg)) << 64 | hash((seg, chain, 1)) & (1 << 64) - 1) + off + 1)
     return out
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice, repeat
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +46,8 @@ _SHARED_PREFIXES = 512
 """Prompt heads (by their segment chain) whose hash-chain state is kept (:func:`_chain_hashes`: the most
 recently used ones; older ones are recomputed when asked, with equal values)."""
 
+_LOW64 = (1 << 64) - 1
+
 _LRU_SLACK = 16384
 """Entries the LRU list may hold beyond twice the idle blocks before it is compacted (and a
 quarter of it: consumed entries before its head is trimmed)."""
@@ -56,12 +58,13 @@ def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     tokens)`` pairs), O(blocks + segments).
 
     The segment chain of a head is the hash of the previous head's chain and the segment's id and
-    length (0 for no segment; an empty segment adds nothing). A block's key is the hash of the
-    chain before the segment holding the block's last token, that segment's id and the block's
-    end offset in it. So two blocks have equal keys exactly when their prompts agree up to the
-    blocks' ends (given the segments, up to hash collisions), as vLLM's chained block hashes name
-    a block by its tokens and all before them; and no key depends on the previous block's, so a
-    segment's blocks are hashed in one pass (``map`` over ``zip``, no Python loop a block).
+    length (0 for no segment; an empty segment adds nothing). A block's key is a 128-bit base
+    drawn from the chain before the segment holding the block's last token and that segment's
+    id (two 64-bit hashes), plus the block's end offset in the segment. So two blocks have equal
+    keys exactly when their prompts agree up to the blocks' ends (given the segments; two bases
+    within a segment's length of each other, about 2^-100 a pair, would break it), as vLLM's
+    chained block hashes name a block by its tokens and all before them; and a segment's keys
+    are one ``range`` (no hashing, no Python loop a block).
 
     ``cache`` (the :data:`_SHARED_PREFIXES` most recently used entries) maps a head's segment chain
     to the state after it: ``(list, n, tokens)``, the list's first ``n`` keys being the head's
@@ -92,7 +95,8 @@ def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     for i in range(k, len(segs)):
         seg_id, n_tok = segs[i]
         if n_tok:  # the blocks ending in this segment: end offsets bs - t % bs, + bs, ... up to n_tok
-            h.extend(map(hash, zip(repeat(chain), repeat(seg_id), range(bs - t % bs, n_tok + 1, bs))))
+            base = hash((chain, seg_id)) << 64 | hash((seg_id, chain, 1)) & _LOW64
+            h.extend(range(base + bs - t % bs, base + n_tok + 1, bs))
             t += n_tok
         chain = chains[i]
         if chain not in cache:
