@@ -62,7 +62,7 @@ def _chain_hashes(cache: OrderedDict, segs: tuple, bs: int) -> list[int]:
     drawn from the chain before the segment holding the block's last token and that segment's
     id (two 64-bit hashes), plus the block's end offset in the segment. So two blocks have equal
     keys exactly when their prompts agree up to the blocks' ends (given the segments; two bases
-    within a segment's length of each other, about 2^-100 a pair, would break it), as vLLM's
+    within a segment's length of each other, below 2^-100 a pair, would break it), as vLLM's
     chained block hashes name a block by its tokens and all before them; and a segment's keys
     are one ``range`` (no hashing, no Python loop a block).
 
@@ -159,7 +159,7 @@ class KVCache:
         self._prefix = workload.prefix
         self._prompt = workload.prompt_tokens
         self._hashes: dict[int, list[int]] = {}  # live requests' block hashes (dropped by forget)
-        self._by_segments: OrderedDict[tuple, tuple] = OrderedDict()  # recent prefixes (_chain_hashes)
+        self._by_segments: OrderedDict[int, tuple] = OrderedDict()  # recent prompt heads (_chain_hashes)
         self._init_store()
         self._ver = 0  # bumped when a block enters or leaves the cache (match results change)
         self._matched: dict[int, int] = {}  # rid -> match_blocks at version _matched_ver
