@@ -55,10 +55,11 @@ VLLM_ENGINE = {"overflow": "preempt_lifo_recompute", "preempt_mode": "recompute"
 
 
 _DECODES_AT_ONCE = 8
-"""Running requests from which vLLM v1 counts an all-decode batch's blocks with one array operation
-(:meth:`~llmsched_gym.core.ledger.Ledger.decodes`) instead of scanning them request by request (the
-same plan). Fewer are scanned: the operation's fixed cost, about 2 us, is then most of the scan's
-(about half a microsecond a request)."""
+"""Running requests from which vLLM v1 counts an all-decode batch's blocks at once
+(:meth:`~llmsched_gym.core.scheduler.EngineView.decode_blocks`: the engine's lockstep counts, or one
+array operation) instead of scanning them request by request (the same plan). Fewer are scanned: the
+array operation's fixed cost, about 2 us, is then most of the scan's (about half a microsecond a
+request)."""
 
 
 class VLLMFamily(Scheduler):
@@ -111,7 +112,7 @@ class VLLMV1(VLLMFamily):
         if n >= _DECODES_AT_ONCE and not view.n_in_prefill and n <= budget:
             # every running request decodes and the budget reaches the last: the scan preempts
             # none exactly when all their blocks fit, so count them at once
-            need = led.decodes(running)
+            need = view.decode_blocks() if running is view.running else led.decodes(running)
             if need <= free:
                 i, free, budget = n, free - need, budget - n
         while i < n and budget > 0:

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baselines import PolicyError, make_policy
+from llmsched_gym.core.engine import Engine
 from llmsched_gym.core.ledger import Ledger
 from llmsched_gym.core.scheduler import BatchPlan
 from llmsched_gym.sim import make_engine, simulate
@@ -127,8 +128,18 @@ def test_vllm_v1_counts_an_all_decode_batch_at_once_as_its_scan_does(reqs, block
     engine, _ = make_engine(sc, {"name": "vllm-v1", "max_num_batched_tokens": budget})
     sched, view = engine.scheduler, engine.view
     counted: list[int] = []  # the batches counted at once
-    real = Ledger.decodes
-    with mock.patch.object(Ledger, "decodes", lambda led, dec, *a: counted.append(len(dec)) or real(led, dec, *a)):
+    lockstep: list[int] = []  # ... of which from the engine's decode set (O(1))
+    real = Engine.decode_blocks
+
+    def checked(e: Engine) -> int:
+        got = real(e)
+        assert got == Ledger.decodes(e.ledger, e.running)  # the lockstep count is the KV count
+        counted.append(len(e.running))
+        if e._ds is not None and len(e._ds.members) == len(e.running):
+            lockstep.append(got)
+        return got
+
+    with mock.patch.object(Engine, "decode_blocks", checked):
         while engine.poll():
             plan = sched.schedule(view)
             with mock.patch.object(vllm_mod, "_DECODES_AT_ONCE", 10**9):
@@ -137,6 +148,8 @@ def test_vllm_v1_counts_an_all_decode_batch_at_once_as_its_scan_does(reqs, block
     assert engine.n_completed == len(reqs)
     if len(reqs) >= 16 and block_size == 1 and budget >= 40:  # 8 running decode at some point
         assert counted and min(counted) >= 8
+    if counted and len(counted) >= 4:
+        assert lockstep  # the decode set is current for most all-decode steps
 
 
 # ---- vLLM v0 --------------------------------------------------------------------------------

@@ -774,6 +774,15 @@ class Engine:
             prefill.append((rid, int(chunk)))
         return prefill, admitted
 
+    def decode_blocks(self) -> int:
+        """KV blocks one decode step of every running request allocates (``ledger.decodes(running)``),
+        read in O(1) from the decode set's lockstep counts when it is current and holds every
+        running request (none in prefill), instead of from every request's KV."""
+        ds = self._ds
+        if ds is not None and len(ds.members) == len(self.running):
+            return len(ds.members) if ds.cnt is None else ds.cnt[ds.step % len(ds.cnt)]
+        return self.ledger.decodes(self.running)
+
     def _decode_set(self) -> _DecodeSet:
         ds = self._ds
         if ds is None:

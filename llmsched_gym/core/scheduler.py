@@ -119,6 +119,8 @@ class EngineView:
                               read it, and ``set_eviction_priority`` is its one write
     ``ledger``                the engine's :class:`~llmsched_gym.core.ledger.Ledger`: the
                               blocks a decode, chunk, admission or plan needs
+    ``decode_blocks()``       blocks one decode step of every running request allocates
+                              (``ledger.decodes(running)``, in O(1) when none is in prefill)
     ``next_arrival_s``        time of the next not-yet-arrived request (``inf`` if none)
     ``latency``               the batch-time model (for policies that estimate time)
     ``config``                the :class:`EngineConfig`
@@ -140,6 +142,11 @@ class EngineView:
     @property
     def kv(self) -> KVCache:
         return self._e.kv
+
+    def decode_blocks(self) -> int:
+        """KV blocks one decode step of every running request allocates (as
+        ``ledger.decodes(running)``; O(1) when none of them is in prefill)."""
+        return self._e.decode_blocks()
 
     @property
     def ledger(self) -> Ledger:
