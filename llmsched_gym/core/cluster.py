@@ -270,9 +270,9 @@ class _PrefixRoots:
     A replica hits none of a prompt unless it holds the prompt's first block, so
     :meth:`ClusterView.prefix_hit` asks only those replicas' caches (each O(runs on the prompt's
     chain)); under prefix-aware routing that is about one replica a request at 8 or 64 replicas.
-    The index changes only when a chain's first block is cached or evicted, where an index of
-    every block changed with every block (on the Mooncake trace about 600 blocks a request each
-    way, most of the routing's cost)."""
+    The index changes only when a chain's first block is cached or evicted; an index of every
+    cached block would change with every block (on the Mooncake trace about 600 a request each
+    way)."""
 
     def __init__(self, engines: Sequence[Engine]) -> None:
         self.roots: dict[int, int] = {}
