@@ -21,6 +21,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from llmsched_gym.core.cluster import mask_bits
+
 
 class PrefixIndexes:
     """One LRU index per replica (``capacity`` blocks each, 0 = unbounded) and the inverted map
@@ -43,13 +45,13 @@ class PrefixIndexes:
             nxt = alive & get(h, 0)
             if nxt != alive:
                 if depth:  # the replicas whose match ends here
-                    _set(out, alive & ~nxt, depth)
+                    out[list(mask_bits(alive & ~nxt))] = depth
                 alive = nxt
                 if not alive:
                     return out
             depth += 1
         if depth:
-            _set(out, alive, depth)
+            out[list(mask_bits(alive))] = depth
         return out
 
     def insert(self, r: int, hashes: list, evict: bool = True) -> None:
@@ -79,10 +81,3 @@ class PrefixIndexes:
                     del owners[h]
             self.sizes[r] = len(keys)
 
-
-def _set(out: np.ndarray, mask: int, value: int) -> None:
-    """``out[r] = value`` for every bit ``r`` of ``mask``."""
-    while mask:
-        low = mask & -mask
-        out[low.bit_length() - 1] = value
-        mask ^= low

@@ -187,12 +187,12 @@ class ClusterView:
         are every k-th of its keys (an approximate index of 64-token blocks over 16-token replicas
         hashes nothing again)."""
         base = int(self.block_size[0])
-        if block_size is None or block_size == base:
-            return self._c.hasher(base).block_hashes(rid)
-        if block_size % base == 0:
-            k = block_size // base
-            return self._c.hasher(base).block_hashes(rid)[k - 1::k]
-        return self._c.hasher(block_size).block_hashes(rid)
+        size = base if block_size is None else block_size
+        if size % base:
+            return self._c.hasher(size).block_hashes(rid)
+        k = size // base
+        hashes = self._c.hasher(base).block_hashes(rid)
+        return hashes if k == 1 else hashes[k - 1::k]
 
     def prefix_hit(self, rid: int) -> np.ndarray:
         """Per replica: prompt tokens of ``rid`` its prefix cache holds now (0 without prefixes)."""
@@ -205,11 +205,7 @@ class ClusterView:
         if index is not None:  # only the replicas holding the prompt's first block can hit it
             bs = int(self.block_size[0])
             hashes = self.block_hashes(rid, bs)
-            mask = index.roots.get(hashes[0], 0) if hashes else 0
-            while mask:
-                low = mask & -mask
-                mask ^= low
-                r = low.bit_length() - 1
+            for r in mask_bits(index.roots.get(hashes[0], 0) if hashes else 0):
                 kv = engines[r].kv
                 m = kv.match_hashes(hashes) * bs
                 out[r] = min(m, cap) if kv.cap_prompt_minus_one else m
@@ -238,6 +234,14 @@ class ClusterView:
         the smallest capacity (rounded down to whole blocks)."""
         wl = self._c.workload
         return int(wl.prompt_tokens[rid]) + int(wl.output_tokens[rid]) <= self._fit_min
+
+
+def mask_bits(mask: int) -> Iterator[int]:
+    """The replicas of a bit mask (bit ``r`` for replica ``r``), lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
 
 class _Watch:

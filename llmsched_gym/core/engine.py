@@ -780,7 +780,7 @@ class Engine:
         running request (none in prefill), instead of from every request's KV."""
         ds = self._ds
         if ds is not None and len(ds.members) == len(self.running):
-            return len(ds.members) if ds.cnt is None else ds.cnt[ds.step % len(ds.cnt)]
+            return len(ds.members) if ds.cnt is None else ds.new_blocks(1)
         return self.ledger.decodes(self.running)
 
     def _decode_set(self) -> _DecodeSet:
